@@ -1,0 +1,56 @@
+# The verbs people type.  Everything runs from the project venv (.venv), which
+# `make install` creates from nothing; re-running it takes seconds.
+PYTHON3 ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+NP      ?= 4
+ARGS    ?=
+# Outer limit for the whole suite; MPI tests also carry their own timeouts.
+TEST_TIMEOUT ?= 1800
+
+DEPS_STAMP  := $(VENV)/.stamp-deps
+BUILD_STAMP := $(VENV)/.stamp-build
+NATIVE_SRC  := $(wildcard cython/*.pyx cython/*.pxd cython/*.h) setup.py pyproject.toml
+
+.PHONY: install run test test-fast bench bench-peers clean help
+
+help:
+	@echo "make install      create .venv with the pinned stack and build the native core"
+	@echo "make run          train with mpiexec -n \$$(NP) (default 4); extra flags: ARGS='...'"
+	@echo "make test         the whole test suite, MPI tests included"
+	@echo "make test-fast    the suite without tests marked slow"
+	@echo "make bench        benchmarks, side by side with peers, with ratios"
+	@echo "make bench-peers  install peer libraries (cpprb, torchrl, tianshou) into .venv-peers"
+	@echo "make clean        remove build outputs (keeps .venv)"
+
+install: $(BUILD_STAMP)
+
+$(DEPS_STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
+run: install
+	$(MPIEXEC) -n $(NP) $(PY) -m mpi4py -m pal_hpc.main $(ARGS)
+
+test: install
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra tests
+
+test-fast: install
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra -m "not slow" tests
+
+bench: install
+	$(PY) bench/bench_tree.py $(ARGS)
+
+bench-peers:
+	bash bench/install_peers.sh
+
+clean:
+	rm -rf build *.egg-info cython/*.c pal_hpc/replay/*.so .pytest_cache $(BUILD_STAMP)
+	find . -name __pycache__ -not -path "./.venv*" -prune -exec rm -rf {} +

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Install the peer libraries whose sum trees bench/peer_trees.py times against
+# ours: cpprb, torchrl (+ tensordict) and tianshou, into a venv of their own,
+# <repo>/.venv-peers (never into the project's .venv).
+#
+#   bash bench/install_peers.sh            # idempotent; a re-run takes a second
+#   PYTHON=python3.11 bash bench/install_peers.sh
+#   PEERS_FORCE=1 bash bench/install_peers.sh   # reinstall even if up to date
+#
+# Versions (all pinned; chosen by `pip index versions`, `pip install --dry-run`
+# and the wheels' Requires-Dist metadata, then checked by importing them next
+# to torch 2.13.0+cpu on Python 3.11):
+#   torch      2.13.0   the project's pin; the CPU wheel in /opt/wheels wins
+#                        over PyPI's CUDA build (2.13.0+cpu sorts higher).
+#   cpprb      11.0.0   newest; needs only numpy.
+#   torchrl    0.14.1   newest; Requires-Dist torch>=2.1, tensordict<0.15,>=0.14.3.
+#   tensordict 0.14.3   newest release torchrl 0.14.1 accepts (0.15.x is
+#                        excluded by torchrl); its C++ _C module imports fine
+#                        with torch 2.13.0.
+#   tianshou   2.0.1    newest; Requires-Dist torch>=2.0,<3 (pure Python; its
+#                        SegmentTree runs on numba).
+#   numpy 2.4.6, numba 0.68.1, llvmlite 0.50.0: what pip resolves today,
+#                        pinned because they set the peers' speed.
+#
+# torchrl caveat: every torchrl wheel on PyPI (0.11.1 .. 0.14.1 were tried)
+# ships a C++ extension torchrl/_torchrl*.so, which holds the segment trees,
+# built against another torch release; with torch 2.13.0 it fails to load
+# ("undefined symbol: torch::autograd::_wrap_outputs ..."), and torchrl has no
+# sdist on PyPI. The wheel does ship that extension's C++ sources
+# (torchrl/csrc), so this script rebuilds the extension from them against the
+# installed torch (needs g++ and Python headers; ~1.5 min on 2 cores) and puts
+# it in place of the shipped .so (kept beside it as _torchrl.so.orig-wheel).
+# If that rebuild fails, torchrl stays installed but its trees don't import,
+# and peer_trees.py reports and skips it.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+VENV=.venv-peers
+PYTHON=${PYTHON:-python3}
+STAMP="$VENV/.peers-installed"
+
+PINS=(
+  "torch==2.13.0"
+  "cpprb==11.0.0"
+  "torchrl==0.14.1"
+  "tensordict==0.14.3"
+  "tianshou==2.0.1"
+  "numpy==2.4.6"
+  "numba==0.68.1"
+  "llvmlite==0.50.0"
+  "setuptools==84.2.1"   # for rebuilding torchrl's C++ extension
+)
+
+# The stamp records a hash of this script, so editing a pin reinstalls.
+WANT="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+
+if [[ -z "${PEERS_FORCE:-}" && -x "$VENV/bin/python" && -f "$STAMP" ]] \
+   && [[ "$(head -n1 "$STAMP")" == "$WANT" ]]; then
+  echo "install_peers: $VENV is up to date (delete $STAMP or set PEERS_FORCE=1 to redo):"
+  tail -n +2 "$STAMP"
+  exit 0
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "install_peers: creating $VENV with $("$PYTHON" --version 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+fi
+VPY="$PWD/$VENV/bin/python"
+rm -f "$STAMP"
+
+echo "install_peers: pip install ${PINS[*]}"
+# pip's warnings about local index folders that lack a package are noise.
+"$VPY" -m pip install --disable-pip-version-check -q "${PINS[@]}" \
+  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+"$VPY" -m pip check || echo "install_peers: (pip check's complaints above are not fatal)"
+for p in "${PINS[@]}"; do
+  name=${p%%==*}; ver=${p##*==}
+  have=$("$VPY" -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || echo none)
+  if [[ "${have%%+*}" != "$ver" ]]; then
+    echo "install_peers: ERROR: $name is '$have', wanted $ver" >&2
+    exit 1
+  fi
+done
+
+# --- torchrl: rebuild the C++ extension against this torch if needed ----------
+if ! "$VPY" -c "import torch, torchrl._torchrl" >/dev/null 2>&1; then
+  echo "install_peers: torchrl's shipped C++ extension does not load with this torch; rebuilding it from torchrl/csrc"
+  TRDIR=$("$VPY" -c "import importlib.util as u, os; print(os.path.dirname(u.find_spec('torchrl').origin))")
+  BUILD=$(mktemp -d)
+  trap 'rm -rf "$BUILD"' EXIT
+  cat >"$BUILD/setup.py" <<'EOF'
+import os
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+src = os.environ["TORCHRL_CSRC"]
+setup(
+    name="torchrl-extension-rebuild",
+    ext_modules=[
+        CppExtension(
+            "_torchrl",
+            [os.path.join(src, "pybind.cpp"), os.path.join(src, "utils.cpp")],
+            extra_compile_args=["-O3", "-g0", "-Wno-comment"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+)
+EOF
+  if (cd "$BUILD" && TORCHRL_CSRC="$TRDIR/csrc" "$VPY" setup.py -q build_ext --inplace >build.log 2>&1); then
+    SO=$(basename "$(ls "$TRDIR"/_torchrl*.so | head -n1)")
+    [[ -f "$TRDIR/_torchrl.so.orig-wheel" ]] || cp "$TRDIR/$SO" "$TRDIR/_torchrl.so.orig-wheel"
+    cp "$BUILD"/_torchrl*.so "$TRDIR/$SO"
+  else
+    echo "install_peers: WARNING: rebuilding torchrl's extension failed; torchrl will be skipped. Log tail:" >&2
+    tail -n 30 "$BUILD/build.log" >&2 || true
+  fi
+fi
+
+# --- report --------------------------------------------------------------------
+REPORT=$("$VPY" - <<'EOF'
+import importlib, importlib.metadata as md, os, sys
+os.environ.setdefault("RL_WARNINGS", "0")
+print(f"  python {sys.version.split()[0]} at {sys.prefix}")
+for dist in ("torch", "numpy", "numba", "cpprb", "tensordict", "torchrl", "tianshou"):
+    try:
+        ver = md.version(dist)
+    except md.PackageNotFoundError:
+        ver = "not installed"
+    print(f"  {dist:<11}{ver}")
+checks = {
+    "cpprb": "cpprb:PrioritizedReplayBuffer",
+    "torchrl": "torchrl._torchrl:SumSegmentTreeFp32",
+    "tianshou": "tianshou.data.utils.segtree:SegmentTree",
+}
+for peer, target in checks.items():
+    mod, attr = target.split(":")
+    try:
+        getattr(importlib.import_module(mod), attr)
+        print(f"  import {mod}.{attr}: ok")
+    except Exception as exc:  # noqa: BLE001
+        print(f"  import {mod}.{attr}: FAILED ({type(exc).__name__}: {str(exc)[:120]})")
+EOF
+)
+echo "install_peers: installed into $VENV:"
+echo "$REPORT"
+printf '%s\n%s\n' "$WANT" "$REPORT" >"$STAMP"

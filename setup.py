@@ -1,0 +1,46 @@
+"""Build pal_hpc and its native core (cython/ -> pal_hpc.replay._ksumtree).
+
+Compiler flags are portable by default (safe on any x86-64 CI runner);
+set PAL_NATIVE_ARCH=1 to add -march=native for a build that only runs here.
+Set PAL_NO_OPENMP=1 to build without OpenMP.
+"""
+import os
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, find_packages, setup
+
+compile_args = ["-O3", "-fno-math-errno", "-Wno-unused-function"]
+link_args = []
+if os.environ.get("PAL_NO_OPENMP") != "1":
+    compile_args.append("-fopenmp")
+    link_args.append("-fopenmp")
+if os.environ.get("PAL_NATIVE_ARCH") == "1":
+    compile_args.append("-march=native")
+
+extensions = [
+    Extension(
+        "pal_hpc.replay._ksumtree",
+        sources=["cython/ksumtree.pyx"],
+        include_dirs=["cython", np.get_include()],
+        depends=["cython/ksum_core.h"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    ),
+]
+
+setup(
+    name="pal_hpc",
+    version="0.1.0",
+    description="Parallel actors and learners for reinforcement learning on MPI HPC nodes",
+    packages=find_packages(include=["pal_hpc", "pal_hpc.*"]),
+    python_requires=">=3.10",
+    install_requires=["numpy", "mpi4py", "torch", "gymnasium", "h5py"],
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={"language_level": "3"},
+        include_path=["cython"],
+    ),
+    zip_safe=False,
+)

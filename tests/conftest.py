@@ -1,0 +1,40 @@
+"""Shared test helpers: launching real MPI jobs with the venv's mpiexec."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+
+
+def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `script` on `nprocs` ranks under `python -m mpi4py` (an uncaught exception
+    on any rank aborts the whole job) with an outer timeout, so a hang fails the test
+    instead of hanging CI.  Returns the completed process; raises on timeout."""
+    if not MPIEXEC.exists():
+        raise RuntimeError(f"mpiexec not found next to {sys.executable}; run `make install`")
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    # Ranks may outnumber the two cores here: yield instead of busy-polling.
+    full_env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+    full_env.update(env or {})
+    cmd = [str(MPIEXEC), "-n", str(nprocs), sys.executable, "-m", "mpi4py", str(script), *args]
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout}s:\n"
+                    f"{exc.stdout or ''}\n{exc.stderr or ''}")
+
+
+@pytest.fixture
+def mpi():
+    """The `run_mpi` launcher."""
+    return run_mpi

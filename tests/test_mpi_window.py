@@ -1,0 +1,20 @@
+"""The tree inside a real MPI shared-memory window, under mpiexec with 1 and 3 ranks."""
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_tree_in_shared_window(mpi, nprocs):
+    proc = mpi(nprocs, ROOT / "tests/mpi/ksumtree_window.py", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ranks={nprocs} ok=True" in proc.stdout
+
+
+def test_main_entry_point_runs(mpi):
+    proc = mpi(2, "-m", "pal_hpc.main", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 ranks on 1 node(s)" in proc.stdout
