@@ -75,14 +75,18 @@ class ReferenceSumTree:
                              f"non-negative float32 value")
         self.leaves[idx] = pr.astype(np.float32)
         k = self.fanout
-        nodes = np.unique(idx)
-        below_sum = self.leaves.astype(np.float64)
-        below_min = np.where(self.leaves > 0, self.leaves, np.float32(np.inf))
+        nodes = idx
+        below_sum, below_min = self.leaves, None
         for level_sum, level_min in zip(self.sums, self.mins):
             nodes = np.unique(nodes // k)
             groups = nodes[:, None] * k + np.arange(k)
-            level_sum[nodes] = _sequential_sum(below_sum[groups])
-            level_min[nodes] = below_min[groups].min(axis=1)
+            children = below_sum[groups].astype(np.float64)
+            if below_min is None:   # leaves: a zero priority is "no minimum"
+                child_min = np.where(children > 0, children, np.inf).astype(np.float32)
+            else:
+                child_min = below_min[groups]
+            level_sum[nodes] = _sequential_sum(children)
+            level_min[nodes] = child_min.min(axis=1)
             below_sum, below_min = level_sum, level_min
 
     # -- sampling ----------------------------------------------------------
