@@ -28,6 +28,15 @@ extensions = [
         extra_link_args=link_args,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     ),
+    Extension(
+        "pal_hpc.replay._replaycore",
+        sources=["cython/replaycore.pyx"],
+        include_dirs=["cython", np.get_include()],
+        depends=["cython/ksum_core.h", "cython/sync_core.h"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    ),
 ]
 
 setup(

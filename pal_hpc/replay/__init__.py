@@ -1,6 +1,8 @@
-"""Prioritized replay: the native K-ary sum tree and its numpy reference."""
+"""Prioritized replay: the native K-ary sum tree, its numpy reference, and the
+node-shared replay buffer built on them."""
 
 from pal_hpc.replay._ksumtree import KSumTree, aligned_empty, max_threads
 from pal_hpc.replay.reference import ReferenceSumTree
+from pal_hpc.replay.shared import SharedReplay
 
-__all__ = ["KSumTree", "ReferenceSumTree", "aligned_empty", "max_threads"]
+__all__ = ["KSumTree", "ReferenceSumTree", "SharedReplay", "aligned_empty", "max_threads"]

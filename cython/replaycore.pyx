@@ -1,0 +1,154 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Native half of SharedReplay: lock-protected tree updates, seqlocked slots and
+the validated copy-out of sampled rows (see sync_core.h for the protocol).
+
+`ReplayCore` binds memory that the Python side laid out (in an MPI shared window
+or in private memory); it allocates nothing and checks nothing beyond what it
+must to stay memory-safe: input validation is SharedReplay's job.
+"""
+import numpy as np
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t, uintptr_t
+
+cnp.import_array()
+
+cdef extern from "ksum_core.h" nogil:
+    ctypedef struct kst_layout:
+        uint64_t nbytes
+    ctypedef struct kst_tree:
+        float *leaves
+    int kst_compute_layout(uint64_t capacity, uint32_t fanout, kst_layout *lay)
+    void kst_bind(kst_tree *t, void *base, const kst_layout *lay)
+    int kst_check_header(const void *base, const kst_layout *lay)
+    double kst_total(const kst_tree *t)
+    void kst_find_many(const kst_tree *t, const double *masses, int64_t *out, int64_t n)
+
+cdef extern from "sync_core.h" nogil:
+    void sy_lock(uint64_t *lock)
+    void sy_unlock(uint64_t *lock)
+    int sy_try_acquire(uint64_t *flag)
+    uint64_t sy_load(const uint64_t *p)
+    void sy_add(uint64_t *p, uint64_t n)
+    void sy_begin_write(kst_tree *t, uint64_t *lock, uint64_t *seq, const int64_t *slots, int64_t n)
+    void sy_end_write(kst_tree *t, uint64_t *lock, uint64_t *seq, const int64_t *slots, int64_t n,
+                      const double *max_prio)
+    int64_t sy_update_if_current(kst_tree *t, uint64_t *lock, const uint64_t *seq,
+                                 const int64_t *slots, const float *prio, const uint64_t *tickets,
+                                 int64_t n, double *max_prio)
+    int64_t sy_gather(const kst_tree *t, const uint64_t *seq, const int64_t *slots, int64_t n,
+                      int nfields, char *const *src, char *const *dst, const int64_t *row_bytes,
+                      uint64_t *tickets, float *prio, uint8_t *ok)
+
+# Word offsets in the control block (uint64 words).  Hot words sit on their own
+# 64-byte line: the tree lock, the max priority, and one line per region.
+cdef enum:
+    LOCK_WORD = 8
+    MAXP_WORD = 16
+    REGION_BASE = 64
+    WORDS_PER_REGION = 8
+
+
+def control_words(int regions):
+    """Number of uint64 words the control block needs for `regions` regions."""
+    return REGION_BASE + WORDS_PER_REGION * regions
+
+
+cdef class ReplayCore:
+    """Native operations over one replay buffer's tree, sequence counters and control words."""
+    cdef kst_tree t
+    cdef kst_layout lay
+    cdef uint64_t *control
+    cdef uint64_t *seq
+    cdef int64_t capacity
+    cdef int regions
+    cdef object _keep
+
+    def __init__(self, cnp.ndarray tree_bytes, capacity, fanout,
+                 cnp.ndarray seq, cnp.ndarray control, int regions):
+        if kst_compute_layout(capacity, fanout, &self.lay) != 0:
+            raise ValueError("bad tree layout")
+        if tree_bytes.nbytes < self.lay.nbytes or kst_check_header(tree_bytes.data, &self.lay) != 0:
+            raise ValueError("tree memory does not hold an initialised tree of this shape")
+        if seq.dtype != np.uint64 or seq.shape[0] < capacity or not seq.flags.c_contiguous:
+            raise ValueError("seq must be a contiguous uint64 array of capacity entries")
+        if control.dtype != np.uint64 or control.shape[0] < control_words(regions):
+            raise ValueError("control block too small")
+        kst_bind(&self.t, tree_bytes.data, &self.lay)
+        self.seq = <uint64_t *>seq.data
+        self.control = <uint64_t *>control.data
+        self.capacity = capacity
+        self.regions = regions
+        self._keep = (tree_bytes, seq, control)
+
+    cdef uint64_t *_region(self, int r):
+        return self.control + REGION_BASE + WORDS_PER_REGION * r
+
+    def init_control(self, double max_priority):
+        """Zero the control block and set the initial max priority (creator only)."""
+        cdef Py_ssize_t i
+        for i in range(control_words(self.regions)):
+            self.control[i] = 0
+        (<double *>(self.control + MAXP_WORD))[0] = max_priority
+
+    # -- writers -----------------------------------------------------------
+    def try_acquire_region(self, int r):
+        """Claim region r for this writer; False if another writer holds it."""
+        return bool(sy_try_acquire(self._region(r) + 1))
+
+    def release_region(self, int r):
+        sy_unlock(self._region(r) + 1)
+
+    def writes(self, int r):
+        """Transitions ever written to region r (published ones)."""
+        return sy_load(self._region(r))
+
+    def publish_writes(self, int r, int64_t n):
+        sy_add(self._region(r), <uint64_t>n)
+
+    def begin_write(self, const int64_t[::1] slots):
+        with nogil:
+            sy_begin_write(&self.t, self.control + LOCK_WORD, self.seq, &slots[0], slots.shape[0])
+
+    def end_write(self, const int64_t[::1] slots):
+        with nogil:
+            sy_end_write(&self.t, self.control + LOCK_WORD, self.seq, &slots[0], slots.shape[0],
+                         <double *>(self.control + MAXP_WORD))
+
+    # -- learners ----------------------------------------------------------
+    def max_priority(self):
+        """Largest stored priority seen so far (what new data gets)."""
+        cdef double m
+        sy_lock(self.control + LOCK_WORD)
+        m = (<double *>(self.control + MAXP_WORD))[0]
+        sy_unlock(self.control + LOCK_WORD)
+        return m
+
+    def update_if_current(self, const int64_t[::1] slots, const float[::1] prio,
+                          const uint64_t[::1] tickets):
+        """Set priorities of slots still holding the sampled write; returns how many."""
+        cdef int64_t n = slots.shape[0], applied = 0
+        if n == 0:
+            return 0
+        with nogil:
+            applied = sy_update_if_current(&self.t, self.control + LOCK_WORD, self.seq,
+                                           &slots[0], &prio[0], &tickets[0], n,
+                                           <double *>(self.control + MAXP_WORD))
+        return applied
+
+    def total(self):
+        return kst_total(&self.t)
+
+    def find(self, const double[::1] masses, int64_t[::1] out):
+        """Descend for each mass (no lock); -1 where a racing writer emptied the path."""
+        with nogil:
+            kst_find_many(&self.t, &masses[0], &out[0], masses.shape[0])
+
+    def gather(self, const int64_t[::1] slots, const uintptr_t[::1] src, const uintptr_t[::1] dst,
+               const int64_t[::1] row_bytes, uint64_t[::1] tickets, float[::1] prio, uint8_t[::1] ok):
+        """Seqlock-validated copy of sampled rows; returns how many rows are good."""
+        cdef int64_t good
+        with nogil:
+            good = sy_gather(&self.t, self.seq, &slots[0], slots.shape[0], <int>src.shape[0],
+                             <char *const *>&src[0], <char *const *>&dst[0], &row_bytes[0],
+                             &tickets[0], &prio[0], &ok[0])
+        return good

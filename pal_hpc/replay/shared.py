@@ -1,0 +1,402 @@
+"""Prioritized replay that lives once per node, in an MPI shared-memory window.
+
+Every rank of a node maps the same memory:
+
+    [ control words | K-ary sum/min tree | seq: uint64[capacity] | one column per field ]
+
+Writers (actors) own one *region* each -- a contiguous run of slots they fill
+in ring order -- and insert with PAL's lazy write: a slot's priority is set to 0
+and its sequence counter made odd (under the short tree lock), the data is
+copied in with no lock at all, then the counter is made even and the slot gets
+the largest priority seen so far.  Samplers (learners) descend the tree with no
+lock and copy rows out under each slot's seqlock, so a row is never torn and a
+slot being rewritten is never returned.  A priority update carries the ticket
+(the slot's even counter when sampled) and is dropped if the slot was rewritten
+since.  The protocol itself is in cython/sync_core.h.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from pal_hpc.replay._ksumtree import KSumTree, aligned_empty
+from pal_hpc.replay._replaycore import ReplayCore, control_words
+
+RESERVED = ("indices", "weights", "tickets")
+_ALIGN = 64
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _round_up(x: int, a: int = _ALIGN) -> int:
+    return (x + a - 1) // a * a
+
+
+def _check_spec(spec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    if not isinstance(spec, Mapping) or not spec:
+        raise ValueError("spec must be a non-empty mapping of field name -> (shape, dtype)")
+    out = {}
+    for name, entry in spec.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"spec field name {name!r} must be an identifier string")
+        if name in RESERVED:
+            raise ValueError(f"spec field name {name!r} is reserved (sample() returns it)")
+        try:
+            shape, dtype = entry
+        except (TypeError, ValueError):
+            raise ValueError(f"spec[{name!r}] must be (shape, dtype), got {entry!r}") from None
+        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+        if not all(isinstance(d, numbers.Integral) and d >= 0 for d in shape):
+            raise ValueError(f"spec[{name!r}] shape {shape} must hold non-negative integers")
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise ValueError(f"spec[{name!r}] dtype {dtype!r} is not a numpy dtype") from None
+        if dtype.hasobject or dtype.itemsize == 0:
+            raise ValueError(f"spec[{name!r}] dtype {dtype} cannot live in shared memory")
+        out[name] = (tuple(int(d) for d in shape), dtype)
+    return out
+
+
+def _positive_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _finite(value, name: str, minimum: float = 0.0) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
+    if not (np.isfinite(v) and v >= minimum):
+        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+    return v
+
+
+class SharedReplay:
+    """Node-shared prioritized replay with lazy-write regions.
+
+    Collective over `comm` (a shared-memory node communicator, see
+    `pal_hpc.dist.node_comm`): node rank 0 allocates and initialises, every rank
+    maps the same memory.  With `comm=None` the buffer lives in private memory
+    with the same API.  `capacity` is split into `regions` contiguous regions,
+    one per writer.  Priorities are raw (|TD error|); the buffer stores
+    `(p + eps) ** alpha`.
+    """
+
+    def __init__(self, spec, capacity, comm=None, regions=1, fanout=16, alpha=0.6, eps=1e-6):
+        self.spec = _check_spec(spec)
+        self.capacity = _positive_int(capacity, "capacity")
+        self.regions = _positive_int(regions, "regions")
+        if self.regions > self.capacity:
+            raise ValueError(f"regions ({self.regions}) must not exceed capacity ({self.capacity})")
+        self.alpha = _finite(alpha, "alpha")
+        self.eps = _finite(eps, "eps")
+        self.fanout = fanout
+        KSumTree.nbytes(self.capacity, fanout)          # validates fanout
+
+        self._comm = comm
+        self._shared = None
+        self._closed = False
+        if comm is not None:
+            self._check_same_everywhere(comm)
+
+        # Layout of the one allocation.
+        off = 0
+        self._ctl_off = off
+        off = _round_up(off + 8 * control_words(self.regions))
+        self._tree_off = off
+        off = _round_up(off + KSumTree.nbytes(self.capacity, fanout))
+        self._seq_off = off
+        off = _round_up(off + 8 * self.capacity)
+        self._col_off = {}
+        for name, (shape, dtype) in self.spec.items():
+            self._col_off[name] = off
+            off = _round_up(off + self.capacity * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        self.nbytes = off
+
+        creator = comm is None or comm.Get_rank() == 0
+        if comm is None:
+            mem = aligned_empty(self.nbytes)
+        else:
+            from pal_hpc.dist import allocate_shared
+            self._shared = allocate_shared(comm, self.nbytes, _ALIGN)
+            mem = self._shared.array
+        self._mem = mem
+        tree_mem = mem[self._tree_off:self._tree_off + KSumTree.nbytes(self.capacity, fanout)]
+        control = mem[:8 * control_words(self.regions)].view(np.uint64)
+        self._seq = mem[self._seq_off:self._seq_off + 8 * self.capacity].view(np.uint64)
+        self._columns = {}
+        for name, (shape, dtype) in self.spec.items():
+            row = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            raw = mem[self._col_off[name]:self._col_off[name] + self.capacity * row]
+            self._columns[name] = raw.view(dtype).reshape((self.capacity,) + shape)
+
+        if creator:
+            self._tree = KSumTree(self.capacity, fanout, buffer=tree_mem)
+            self._seq[:] = 0
+        if comm is not None:
+            comm.Barrier()
+        if not creator:
+            self._tree = KSumTree.attach(tree_mem, self.capacity, fanout)
+        self._core = ReplayCore(tree_mem, self.capacity, fanout, self._seq, control, self.regions)
+        if creator:
+            self._core.init_control(1.0)
+        if comm is not None:
+            comm.Barrier()
+
+        bounds = [r * self.capacity // self.regions for r in range(self.regions + 1)]
+        self._region_start = bounds[:-1]
+        self._region_len = [bounds[r + 1] - bounds[r] for r in range(self.regions)]
+        names = list(self.spec)
+        self._row_bytes = np.array(
+            [int(np.prod(self.spec[n][0], dtype=np.int64)) * self.spec[n][1].itemsize for n in names],
+            dtype=np.int64)
+        self._src = np.array([self._columns[n].ctypes.data for n in names], dtype=np.uintp)
+
+    # -- construction helpers ----------------------------------------------
+    def _check_same_everywhere(self, comm) -> None:
+        mine = (self.capacity, self.regions, self.alpha, self.eps, self.fanout,
+                tuple((n, s, d.str) for n, (s, d) in self.spec.items()))
+        everyone = comm.allgather(mine)
+        for rank, theirs in enumerate(everyone):
+            if theirs != mine:
+                raise ValueError(f"SharedReplay arguments differ between ranks: rank {rank} has "
+                                 f"{theirs}, this rank has {mine}")
+
+    # -- properties --------------------------------------------------------
+    @property
+    def bytes_per_transition(self) -> float:
+        """Bytes of node memory per stored transition (fields, counter and tree share)."""
+        return self.nbytes / self.capacity
+
+    def region_slots(self, region) -> tuple[int, int]:
+        """(start, stop) slot range of `region`."""
+        r = self._region(region)
+        return self._region_start[r], self._region_start[r] + self._region_len[r]
+
+    def writes(self, region) -> int:
+        """Transitions ever added to `region` (by any rank)."""
+        return int(self._live().writes(self._region(region)))
+
+    def size(self) -> int:
+        """Slots that hold data."""
+        core = self._live()
+        return int(sum(min(core.writes(r), self._region_len[r]) for r in range(self.regions)))
+
+    def total(self) -> float:
+        """Sum of stored priorities, (p + eps) ** alpha over written slots."""
+        return float(self._live().total())
+
+    def max_priority(self) -> float:
+        """Stored priority that newly added transitions get."""
+        return float(self._live().max_priority())
+
+    def priorities(self, indices) -> np.ndarray:
+        """Stored priorities (float32) at slot `indices`."""
+        self._live()
+        return self._tree.get(indices)
+
+    # -- writing -----------------------------------------------------------
+    def add(self, region, batch) -> np.ndarray:
+        """Append a batch (field -> array with leading dim n) to `region`, in ring order.
+
+        Returns the slot indices written.  The whole batch is validated first:
+        bad input raises and leaves the buffer unchanged.
+        """
+        core = self._live()
+        r = self._region(region)
+        arrays, n = self._check_batch(batch)
+        length = self._region_len[r]
+        if n > length:
+            raise ValueError(f"batch of {n} transitions is larger than region {r} ({length} slots)")
+        if not core.try_acquire_region(r):
+            raise RuntimeError(f"region {r} is being written by another writer; "
+                               f"each writer needs a region of its own")
+        try:
+            first = core.writes(r) % length
+            start = self._region_start[r]
+            slots = start + (first + np.arange(n, dtype=np.int64)) % length
+            head = min(n, length - first)
+            core.begin_write(slots)
+            for name, arr in arrays.items():
+                col = self._columns[name]
+                col[start + first:start + first + head] = arr[:head]
+                if head < n:
+                    col[start:start + n - head] = arr[head:]
+            core.end_write(slots)
+            core.publish_writes(r, n)
+        finally:
+            core.release_region(r)
+        return slots
+
+    def _check_batch(self, batch):
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"batch must be a mapping of field -> array, got {type(batch).__name__}")
+        missing = [k for k in self.spec if k not in batch]
+        if missing:
+            raise ValueError(f"batch is missing field(s) {missing}")
+        extra = [k for k in batch if k not in self.spec]
+        if extra:
+            raise ValueError(f"batch has unknown field(s) {extra}; the spec has {list(self.spec)}")
+        arrays, n = {}, None
+        for name, (shape, dtype) in self.spec.items():
+            arr = np.asarray(batch[name])
+            if arr.ndim == 0:
+                raise ValueError(f"field {name!r} needs a leading batch dimension, got a scalar")
+            if n is None:
+                n = arr.shape[0]
+            if arr.shape != (n,) + shape:
+                raise ValueError(f"field {name!r} has shape {arr.shape}, expected {(n,) + shape} "
+                                 f"(batch of {n})")
+            if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+                raise ValueError(f"field {name!r} has dtype {arr.dtype}, which does not convert "
+                                 f"safely to the spec's {dtype}")
+            arrays[name] = arr
+        if n == 0:
+            raise ValueError("batch is empty")
+        return arrays, n
+
+    # -- sampling ----------------------------------------------------------
+    def sample(self, batch_size, beta=0.4, rng=None) -> dict:
+        """Proportional (stratified) sample of `batch_size` transitions, copied out.
+
+        Returns every spec field plus "indices" (slots), "weights" (importance
+        weights, float32, largest possible weight = 1) and "tickets" (pass them
+        to update_priorities).
+        """
+        core = self._live()
+        b = _positive_int(batch_size, "batch_size")
+        beta = _finite(beta, "beta")
+        if not isinstance(rng, np.random.Generator):
+            rng = np.random.default_rng(rng)
+        if self.size() == 0:
+            raise ValueError("cannot sample: the buffer holds no transitions yet")
+
+        out = {n: np.empty((b,) + s, d) for n, (s, d) in self.spec.items()}
+        indices = np.full(b, -1, np.int64)
+        tickets = np.zeros(b, np.uint64)
+        prio = np.zeros(b, np.float32)
+        todo = np.arange(b, dtype=np.int64)
+        for attempt in range(10_000):
+            total = core.total()
+            if total > 0:
+                masses = (todo + rng.random(todo.size)) * (total / b)
+                slots = np.empty(todo.size, np.int64)
+                core.find(masses, slots)
+                got = self._gather(core, slots)
+                good = got["ok"].astype(bool)
+                where = todo[good]
+                indices[where] = slots[good]
+                tickets[where] = got["tickets"][good]
+                prio[where] = got["prio"][good]
+                for name in out:
+                    out[name][where] = got[name][good]
+                todo = todo[~good]
+                if todo.size == 0:
+                    break
+            if attempt >= 8:
+                # Every candidate is being rewritten right now (tiny buffer, busy writers).
+                time.sleep(min(1e-3, 1e-5 * attempt))
+        else:
+            raise RuntimeError("sample: could not read a stable transition after 10000 attempts")
+
+        p_min = self._tree.min()
+        if p_min <= 0:
+            p_min = float(prio.min())
+        weights = np.minimum((prio.astype(np.float64) / p_min) ** -beta, 1.0).astype(np.float32)
+        out["indices"] = indices
+        out["weights"] = weights
+        out["tickets"] = tickets
+        return out
+
+    def _gather(self, core, slots: np.ndarray) -> dict:
+        n = slots.size
+        got = {name: np.empty((n,) + s, d) for name, (s, d) in self.spec.items()}
+        dst = np.array([got[name].ctypes.data for name in self.spec], dtype=np.uintp)
+        got["tickets"] = np.zeros(n, np.uint64)
+        got["prio"] = np.zeros(n, np.float32)
+        got["ok"] = np.zeros(n, np.uint8)
+        core.gather(slots, self._src, dst, self._row_bytes, got["tickets"], got["prio"], got["ok"])
+        return got
+
+    # -- learner feedback --------------------------------------------------
+    def update_priorities(self, indices, priorities, tickets) -> int:
+        """Set new raw priorities for sampled slots; returns how many were applied.
+
+        An update whose slot was rewritten after it was sampled (its ticket no
+        longer matches) is dropped.  Bad input raises before anything changes.
+        """
+        core = self._live()
+        idx = np.asarray(indices)
+        pr = np.asarray(priorities)
+        tk = np.asarray(tickets)
+        if idx.dtype.kind not in "iu":
+            raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+        if pr.dtype.kind not in "fiu":
+            raise TypeError(f"priorities must be real numbers, got dtype {pr.dtype}")
+        if tk.dtype.kind not in "iu":
+            raise TypeError(f"tickets must be integers, got dtype {tk.dtype}")
+        if idx.ndim != 1 or pr.shape != idx.shape or tk.shape != idx.shape:
+            raise ValueError(f"indices {idx.shape}, priorities {pr.shape} and tickets {tk.shape} "
+                             f"must be 1-D and of one length")
+        bad = np.flatnonzero((idx < 0) | (idx >= self.capacity))
+        if bad.size:
+            raise IndexError(f"indices[{bad[0]}] = {idx[bad[0]]} is out of range [0, {self.capacity})")
+        prf = pr.astype(np.float64)
+        stored = (np.abs(prf) + self.eps) ** self.alpha
+        bad = np.flatnonzero(~((prf >= 0) & (stored <= _F32_MAX)))
+        if bad.size:
+            raise ValueError(f"priorities[{bad[0]}] = {pr[bad[0]]!r} is not a finite, "
+                             f"non-negative priority")
+        if tk.dtype.kind == "i" and tk.size and tk.min() < 0:
+            raise ValueError("tickets must be non-negative (use the tickets sample() returned)")
+        if idx.size == 0:
+            return 0
+        return int(core.update_if_current(np.ascontiguousarray(idx, np.int64),
+                                          np.ascontiguousarray(stored, np.float32),
+                                          np.ascontiguousarray(tk, np.uint64)))
+
+    # -- lifetime ----------------------------------------------------------
+    def close(self) -> None:
+        """Release the memory (collective over the node communicator)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._core = None
+        self._tree = None
+        self._columns = {}
+        self._seq = None
+        self._mem = None
+        if self._shared is not None:
+            self._shared.free()
+            self._shared = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"size={self.size()}"
+        return (f"SharedReplay(capacity={self.capacity}, regions={self.regions}, "
+                f"fields={list(self.spec)}, {state})")
+
+    def _live(self) -> ReplayCore:
+        if self._closed:
+            raise RuntimeError("this SharedReplay is closed")
+        return self._core
+
+    def _region(self, region) -> int:
+        if isinstance(region, bool) or not isinstance(region, numbers.Integral):
+            raise TypeError(f"region must be an integer, got {type(region).__name__}")
+        if not 0 <= region < self.regions:
+            raise IndexError(f"region {region} is out of range [0, {self.regions})")
+        return int(region)
