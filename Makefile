@@ -47,6 +47,7 @@ test-fast: install
 
 bench: install
 	$(PY) bench/bench_tree.py $(ARGS)
+	$(PY) bench/bench_replay.py $(ARGS)
 
 bench-peers:
 	bash bench/install_peers.sh

@@ -255,9 +255,11 @@ class SharedReplay:
             if arr.shape != (n,) + shape:
                 raise ValueError(f"field {name!r} has shape {arr.shape}, expected {(n,) + shape} "
                                  f"(batch of {n})")
-            if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
-                raise ValueError(f"field {name!r} has dtype {arr.dtype}, which does not convert "
-                                 f"safely to the spec's {dtype}")
+            if arr.dtype != dtype:
+                # Exact match: a silent cast would hide a wrong column (an int32 action
+                # space, float64 observations) and cost a copy on the hot path.
+                raise ValueError(f"field {name!r} has dtype {arr.dtype}, the spec says {dtype} "
+                                 f"(convert with .astype(np.{dtype.name}))")
             arrays[name] = arr
         if n == 0:
             raise ValueError("batch is empty")

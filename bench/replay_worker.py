@@ -1,0 +1,103 @@
+"""One replay benchmark run, launched by bench_replay.py under mpiexec.
+
+Ranks 0..W-1 are writers (one region each), the last rank is the learner. For
+`--seconds`, writers add batches of `--add-batch` transitions and the learner
+samples `--batch` and updates their priorities.  Rank 0 prints one JSON line.
+With --writers 0 the learner runs alone on a prefilled buffer.
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from pal_hpc.dist import node_comm
+from pal_hpc.replay import SharedReplay
+
+SPECS = {
+    "cartpole": {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+                 "next_obs": ((4,), np.float32), "done": ((), np.bool_)},
+    "atari": {"obs": ((84, 84, 4), np.uint8), "action": ((), np.int64), "reward": ((), np.float32),
+              "next_obs": ((84, 84, 4), np.uint8), "done": ((), np.bool_)},
+}
+
+
+def wait_all(comm):
+    """A barrier that sleeps instead of busy-polling (ranks may outnumber cores)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.0005)
+
+
+def make_batch(spec, n, rng):
+    out = {}
+    for name, (shape, dtype) in spec.items():
+        if dtype == np.bool_:
+            out[name] = rng.random((n,) + shape) < 0.05
+        elif np.issubdtype(dtype, np.integer):
+            out[name] = rng.integers(0, 255, (n,) + shape).astype(dtype)
+        else:
+            out[name] = rng.random((n,) + shape).astype(dtype)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--writers", type=int, required=True)
+    ap.add_argument("--capacity", type=int, default=1 << 20)
+    ap.add_argument("--kind", choices=sorted(SPECS), default="cartpole")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--add-batch", type=int, default=64)
+    args = ap.parse_args()
+
+    world = MPI.COMM_WORLD
+    node = node_comm(world)
+    rank, size = world.Get_rank(), world.Get_size()
+    if size != args.writers + 1:
+        raise SystemExit(f"need writers+1 = {args.writers + 1} ranks, got {size}")
+    spec = SPECS[args.kind]
+    regions = max(1, args.writers)
+    rb = SharedReplay(spec, args.capacity, comm=node, regions=regions)
+    rng = np.random.default_rng(rank)
+    batch = make_batch(spec, args.add_batch, rng)
+    is_learner = rank == size - 1
+
+    # Prefill a tenth of every region so the learner has something to sample.
+    if rank == 0:
+        for r in range(regions):
+            lo, hi = rb.region_slots(r)
+            for _ in range(max(1, (hi - lo) // 10 // args.add_batch)):
+                rb.add(r, batch)
+    wait_all(world)
+
+    count = 0
+    t0 = time.perf_counter()
+    deadline = t0 + args.seconds
+    if is_learner:
+        while time.perf_counter() < deadline:
+            s = rb.sample(args.batch, beta=0.4, rng=rng)
+            rb.update_priorities(s["indices"], rng.random(args.batch), s["tickets"])
+            count += 1
+    else:
+        while time.perf_counter() < deadline:
+            rb.add(rank, batch)
+            count += args.add_batch
+    elapsed = time.perf_counter() - t0
+
+    counts = world.gather((is_learner, count, elapsed), root=0)
+    wait_all(world)
+    if rank == 0:
+        inserts = sum(c / e for learner, c, e in counts if not learner) if args.writers else 0.0
+        cycles = sum(c / e for learner, c, e in counts if learner)
+        print(json.dumps({"kind": args.kind, "writers": args.writers, "capacity": args.capacity,
+                          "inserts_per_s": inserts, "learner_cycles_per_s": cycles,
+                          "bytes_per_transition": rb.bytes_per_transition}), flush=True)
+    rb.close()
+    node.Free()
+
+
+if __name__ == "__main__":
+    main()
