@@ -27,7 +27,10 @@ from pal_hpc.replay import KSumTree, ReferenceSumTree, max_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
-POOL = 64  # distinct input batches cycled through, so caches and predictors see fresh data
+# Index/priority pairs pre-generated for `update` and cycled through: about two
+# million, the same as bench/peer_trees.py, so every batch touches fresh parts of
+# the tree on both sides (reusing a few batches keeps them in cache and flatters).
+POOL_ITEMS = 1 << 21
 
 
 def time_op(fn, budget_s: float, rounds: int = 5) -> float:
@@ -53,9 +56,10 @@ def time_op(fn, budget_s: float, rounds: int = 5) -> float:
 def measure_tree(tree, capacity: int, batch: int, budget_s: float, seed: int = 0) -> dict:
     """update and sample+get timings for a tree with the KSumTree interface."""
     rng = np.random.default_rng(seed)
-    idx = [rng.integers(0, capacity, batch) for _ in range(POOL)]
-    prio = [rng.random(batch) + 0.01 for _ in range(POOL)]
-    update = time_op(lambda i: tree.update(idx[i % POOL], prio[i % POOL]), budget_s)
+    pool = max(1, POOL_ITEMS // batch)
+    idx = rng.integers(0, capacity, (pool, batch))
+    prio = rng.random((pool, batch)) + 0.001
+    update = time_op(lambda i: tree.update(idx[i % pool], prio[i % pool]), budget_s)
     sample = time_op(lambda i: tree.get(tree.sample(batch, rng)), budget_s)
     return {"update": update, "sample": sample}
 
@@ -72,7 +76,7 @@ def run_peers(configs: list[dict], quick: bool) -> tuple[list[dict], str]:
         return [], "no .venv-peers (run `make bench-peers` to compare with cpprb/torchrl/tianshou)"
     cmd = [str(PEER_PYTHON), str(ROOT / "bench" / "peer_trees.py"), "--configs", json.dumps(configs)]
     if quick:
-        cmd += ["--repeats", "3"]
+        cmd += ["--min-time", "0.02"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, check=True)
