@@ -122,6 +122,9 @@ static inline int64_t sy_update_if_current(kst_tree *t, uint64_t *lock, const ui
     sy_lock(lock);
     double m = *max_prio;
     for (int64_t k = 0; k < n; k++) {
+        /* A ticket is the even, non-zero counter of a published write: 0 (never
+         * written) or odd (mid-write) can match a slot's counter but is no ticket. */
+        if (tickets[k] == 0 || (tickets[k] & 1u)) continue;
         if (__atomic_load_n(&seq[slots[k]], __ATOMIC_RELAXED) != tickets[k]) continue;
         kst_set(t, (uint64_t)slots[k], prio[k]);
         if ((double)prio[k] > m) m = (double)prio[k];
