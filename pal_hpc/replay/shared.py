@@ -98,6 +98,10 @@ class SharedReplay:
             raise ValueError(f"regions ({self.regions}) must not exceed capacity ({self.capacity})")
         self.alpha = _finite(alpha, "alpha")
         self.eps = _finite(eps, "eps")
+        if self.eps <= 0:
+            # eps > 0 keeps every written slot samplable: with eps = 0 a buffer whose
+            # TD errors all reach 0 would have nothing left to sample.
+            raise ValueError(f"eps must be > 0, got {eps!r}")
         self.fanout = fanout
         KSumTree.nbytes(self.capacity, fanout)          # validates fanout
 

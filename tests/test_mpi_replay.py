@@ -1,0 +1,25 @@
+"""SharedReplay in a real MPI shared window: concurrent writers and samplers under mpiexec."""
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.mpi
+
+STRESS = ROOT / "tests/mpi/replay_stress.py"
+
+
+@pytest.mark.parametrize("nprocs,writers", [(1, 1), (4, 3), (4, 2), (4, 1)])
+def test_invariants_under_concurrent_writers_and_samplers(mpi, nprocs, writers):
+    proc = mpi(nprocs, STRESS, "--writers", str(writers), "--seconds", "3", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ranks={nprocs} writers={writers} " in proc.stdout
+    assert "ok=True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_checker_catches_a_torn_read(mpi):
+    """One sampled row is corrupted on purpose: the script must notice and fail."""
+    proc = mpi(2, STRESS, "--writers", "1", "--seconds", "1", "--self-test-tear", timeout=120)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "torn read" in proc.stdout, proc.stdout + proc.stderr
+    assert "ok=False" in proc.stdout
