@@ -150,7 +150,7 @@ static inline int64_t sy_gather(const kst_tree *t, const uint64_t *seq, const in
         ok[k] = 0;
         tickets[k] = 0;
         prio[k] = 0.0f;
-        if (i < 0) continue;
+        if (i < 0 || (uint64_t)i >= t->capacity) continue;
         uint64_t s1 = __atomic_load_n(&seq[i], __ATOMIC_ACQUIRE);
         if (s1 == 0 || (s1 & 1u)) continue;
         float p;

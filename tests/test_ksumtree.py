@@ -1,6 +1,7 @@
 """KSumTree against the numpy reference, and the sampling distribution."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -260,3 +261,59 @@ def test_reference_matches_brute_force():
         differ = got != expect
         assert differ.sum() <= 2
         assert np.all(p[got] > 0)
+
+
+@pytest.mark.parametrize("cap", [507, 70_001])
+def test_sampling_while_another_process_updates(cap):
+    """One writer (a forked process) updates a shared tree while this process samples:
+    the descent reads half-applied updates, yet every index it returns is a real leaf
+    (capacities with padding: a torn group once led a descent into a padding node)."""
+    import multiprocessing as mp
+    from multiprocessing import shared_memory
+
+    k = 16
+    nbytes = KSumTree.nbytes(cap, k)
+    shm = shared_memory.SharedMemory(create=True, size=nbytes + 64)
+    try:
+        raw = np.ndarray((nbytes + 64,), np.uint8, buffer=shm.buf)
+        offset = (-raw.ctypes.data) % 64
+        tree = KSumTree(cap, k, buffer=raw[offset:offset + nbytes])
+        tree.update(np.arange(cap), 1.0)
+        stop = mp.get_context("fork").Event()
+        proc = mp.get_context("fork").Process(
+            target=_child_hammers, args=(shm.name, offset, nbytes, cap, k, stop))
+        proc.start()
+        try:
+            rng = np.random.default_rng(0)
+            deadline = time.monotonic() + 1.5
+            draws = 0
+            while time.monotonic() < deadline:
+                try:
+                    idx = tree.sample(512, rng)
+                except ValueError:      # every priority momentarily zero: allowed
+                    continue
+                assert idx.min() >= 0 and idx.max() < cap
+                draws += idx.size
+            assert draws > 10_000
+        finally:
+            stop.set()
+            proc.join(30)
+        assert proc.exitcode == 0
+        del raw, tree
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+def _child_hammers(name, offset, nbytes, cap, k, stop):
+    from multiprocessing import shared_memory
+    shm = shared_memory.SharedMemory(name=name)
+    raw = np.ndarray((nbytes + 64,), np.uint8, buffer=shm.buf)
+    tree = KSumTree.attach(raw[offset:offset + nbytes], cap, k)
+    rng = np.random.default_rng(1)
+    while not stop.is_set():
+        p = rng.random(256) * 10.0 ** rng.integers(-3, 3)
+        p[rng.random(256) < 0.3] = 0.0
+        tree.update(rng.integers(0, cap, 256), p)
+    del tree, raw
+    shm.close()
