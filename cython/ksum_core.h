@@ -5,8 +5,8 @@
  * pointers lie inside one buffer that the caller owns (numpy array, MPI
  * shared window, ...).  Layout of that buffer (all offsets 64-byte aligned):
  *
- *   [ header (64 B) | leaves: float32[L0] | prefix level 1: float64[L1] | ...
- *     | prefix level D-1 | root: float64[1] | min level 1: float32[L1] | ...
+ *   [ header (64 B) | leaves: float32[L0] | sum level 1: float64[L1] | ...
+ *     | sum level D (root): float64[1] | min level 1: float32[L1] | ...
  *     | min level D: float32[LD] ]
  *
  * Level 0 holds the leaves (priorities), padded with zeros to a multiple of
@@ -15,21 +15,21 @@
  * starts on a 64-byte line and groups have power-of-two sizes, a group never
  * straddles a cache line when it fits in one (K*4 <= 64 for leaves/min nodes,
  * K*8 <= 64 for sum nodes) and starts on a line boundary when it does not.
- * With K = 16 a leaf group is exactly one line (PAL's layout).
+ * With K = 16 a leaf group is exactly one line (PAL's layout).  Padding
+ * nodes stay exactly zero, and descents never enter them.
  *
- * Inner levels 1 .. D-1 do not store node masses but, for each group of K
- * siblings, the running (prefix) sums of their masses: entry i*K+j holds the
- * mass of siblings 0..j.  A descent then picks a child with K independent
- * compares instead of a scan that mispredicts its exit once per level, and an
- * update adds its delta to the tail of one group per level (a fixed-length
- * vectorised loop).  The root (level D) holds the total.
+ * (Storing running sums of each sibling group instead of node masses makes
+ * the pick branch-free without SIMD, but an update then rewrites a whole
+ * group per level, and those stores to the hot top groups made updates 7x
+ * slower; the in-register prefix sum below gives the same pick speed.)
  *
  * Why float64 inner sums: priorities are float32 leaves, and inner entries are
  * maintained by delta propagation (old leaf -> new leaf, add the difference
  * on the path to the root).  In float32 the rounding of every delta would
  * accumulate without bound (PER's well-known drift); in float64 the sums of
  * float32 values are mostly exact and the error after 1e7 updates stays far
- * below 1e-9 relative.
+ * below 1e-9 relative.  Delta propagation touches one node per level, which
+ * is what makes updates cheap.
  *
  * The min tree keeps the smallest *positive* leaf (zero leaves count as
  * +inf) so importance weights can be normalised without an O(N) scan; it is
@@ -42,6 +42,7 @@
 #include <string.h>
 #include <math.h>
 #include <float.h>
+#include <stdlib.h>
 
 /* The batch loops are compiled for several x86-64 levels and the best one for
  * the running CPU is chosen at load time (GCC function multiversioning), so a
@@ -230,25 +231,18 @@ static inline void kst_min_propagate(kst_tree *t, uint64_t idx, float oldp, floa
 }
 
 /* Set one leaf; one writer at a time (SharedReplay serialises writers with a
- * lock).  p must be finite and >= 0.  Every prefix entry at or after the
- * ancestor's position in its sibling group moves by the delta; the loop runs
- * over the whole group with a 0.0 delta before the position, which keeps it
- * branch-free and vectorised (x + 0.0 == x). */
+ * lock).  p must be finite and >= 0.  The delta goes to one node per level. */
 static inline void kst_set(kst_tree *t, uint64_t idx, float p)
 {
-    const uint32_t K = t->fanout;
     float old = t->leaves[idx];
     if (old == p) return;
     t->leaves[idx] = p;
     double delta = (double)p - (double)old;
     uint64_t i = idx;
-    for (uint32_t l = 1; l < t->n_levels; l++) {
+    for (uint32_t l = 1; l <= t->n_levels; l++) {
         i >>= t->shift;
-        double *g = t->sums[l] + (i & ~(uint64_t)(K - 1));
-        uint32_t pos = (uint32_t)(i & (K - 1));
-        for (uint32_t q = 0; q < K; q++) g[q] += q >= pos ? delta : 0.0;
+        t->sums[l][i] += delta;
     }
-    t->sums[t->n_levels][0] += delta;
     kst_min_propagate(t, idx, old, p);
 }
 
@@ -289,14 +283,6 @@ static inline uint32_t kst_real_children(const kst_tree *t, uint32_t l, uint64_t
     return real - first < t->fanout ? (uint32_t)(real - first) : t->fanout;
 }
 
-/* Mass of inner node i on level l (1 <= l < n_levels): its prefix entry minus
- * the previous sibling's. */
-static inline double kst_node_mass(const kst_tree *t, uint32_t l, uint64_t i)
-{
-    const double *s = t->sums[l];
-    return (i & (t->fanout - 1)) ? s[i] - s[i - 1] : s[i];
-}
-
 /* Fallback when a descent hit a residue-only subtree: follow the largest
  * child at every level, which always leads to a positive leaf if one exists. */
 static inline int64_t kst_find_largest(const kst_tree *t)
@@ -306,10 +292,10 @@ static inline int64_t kst_find_largest(const kst_tree *t)
     for (uint32_t l = t->n_levels; l >= 2; l--) {
         uint64_t first = node << t->shift;
         uint64_t best = first;
-        double best_mass = kst_node_mass(t, l - 1, first);
+        double best_mass = t->sums[l - 1][first];
         uint32_t nreal = kst_real_children(t, l, node);
         for (uint32_t j = 1; j < nreal; j++) {
-            double m = kst_node_mass(t, l - 1, first + j);
+            double m = t->sums[l - 1][first + j];
             if (m > best_mass) { best_mass = m; best = first + j; }
         }
         node = best;
@@ -322,50 +308,36 @@ static inline int64_t kst_find_largest(const kst_tree *t)
 }
 
 /* Pick the child of `node` (on level l >= 1) whose slice of the node's mass
- * holds `*mass`, and make `*mass` relative to that child.  Returns the child
- * in 0..K-1, or -1 if the group has no positive child.  A mass at or past the
- * group's end (rounding, or a caller passing total()) goes to the last
- * positive child.
- *
- * Inner groups (l >= 2) store prefix sums, so the pick is the number of
- * entries <= mass: K independent compares, no data-dependent branch.  (A
- * scanning loop's one mispredicted exit per level cost more than the whole
- * scan; computing prefix sums at sampling time instead cost 1.3-3x more.)
- * Leaf groups hold the float32 priorities themselves and are scanned. */
+ * holds `*mass`, subtracting the masses of the children it passes.  Children
+ * with no positive mass, and padding children, are never picked; a mass at or
+ * past the group's end (rounding, a caller passing total(), or a group caught
+ * mid-update by a concurrent writer) goes to the last positive child.
+ * Returns the child in 0..K-1, or -1 if the group has no positive child. */
+#define KST_PICK_BODY(c)                                             \
+    for (uint32_t j = 0; j < nreal; j++) {                           \
+        double v = (double)(c)[j];                                   \
+        if (v <= 0.0) continue;                                      \
+        last = j;                                                    \
+        if (m < v) { *mass = m; return j; }                          \
+        m -= v;                                                      \
+    }                                                                \
+    if (last >= 0) *mass = (double)(c)[last];                        \
+    return last;
+
 static inline int64_t kst_pick_child(const kst_tree *t, uint32_t l, uint64_t node, double *mass)
 {
-    const uint32_t K = t->fanout;
+    const uint32_t nreal = kst_real_children(t, l, node);
     double m = *mass;
+    int64_t last = -1;
     if (l >= 2) {
         const double *c = t->sums[l - 1] + (node << t->shift);
-        uint32_t cnt = 0;
-        for (uint32_t j = 0; j < K; j++) cnt += (uint32_t)(c[j] <= m);
-        uint32_t nreal = kst_real_children(t, l, node);
-        double before = cnt ? c[cnt - 1] : 0.0;
-        if (cnt < nreal && c[cnt] > before) {
-            *mass = m - before;
-            return cnt;
-        }
-        /* Past the end, a rounding tie at an empty child, or a group caught
-         * mid-update by a concurrent writer: the last positive real child. */
-        for (int64_t j = (int64_t)nreal - 1; j >= 0; j--) {
-            double v = j ? c[j] - c[j - 1] : c[0];
-            if (v > 0.0) { *mass = v; return j; }
-        }
-        return -1;
+        KST_PICK_BODY(c)
+    } else {
+        const float *c = t->leaves + (node << t->shift);
+        KST_PICK_BODY(c)
     }
-    const float *c = t->leaves + (node << t->shift);
-    int64_t last = -1;
-    for (uint32_t j = 0; j < K; j++) {
-        double v = (double)c[j];
-        if (v <= 0.0) continue;
-        last = j;
-        if (m < v) { *mass = m; return j; }
-        m -= v;
-    }
-    if (last >= 0) *mass = (double)c[last];
-    return last;
 }
+#undef KST_PICK_BODY
 
 static inline void kst_prefetch_group(const kst_tree *t, uint32_t l, uint64_t node)
 {
@@ -399,7 +371,7 @@ static inline int64_t kst_find(const kst_tree *t, double mass)
 
 #define KST_BLOCK 16
 
-#define KST_FIND_MANY_BODY(PICK_LEAF)                                            \
+#define KST_FIND_MANY_BODY(PICK_INNER, PICK_LEAF)                                            \
     uint64_t node[KST_BLOCK];                                                    \
     double mass[KST_BLOCK];                                                      \
     int8_t dead[KST_BLOCK];                                                      \
@@ -414,7 +386,7 @@ static inline int64_t kst_find(const kst_tree *t, double mass)
             for (int64_t k = 0; k < b; k++) kst_prefetch_group(t, l, node[k]);   \
             for (int64_t k = 0; k < b; k++) {                                    \
                 if (dead[k]) continue;                                           \
-                int64_t j = l >= 2 ? kst_pick_child(t, l, node[k], &mass[k])    \
+                int64_t j = l >= 2 ? PICK_INNER(t, l, node[k], &mass[k])        \
                                    : PICK_LEAF(t, 1, node[k], &mass[k]);         \
                 if (j < 0) { dead[k] = 1; continue; }                            \
                 node[k] = (node[k] << t->shift) + (uint64_t)j;                   \
@@ -427,7 +399,7 @@ static inline int64_t kst_find(const kst_tree *t, double mass)
 KST_BATCH_FN void kst_find_many_generic(const kst_tree *t, const double *masses, int64_t *out,
                                         int64_t n)
 {
-    KST_FIND_MANY_BODY(kst_pick_child)
+    KST_FIND_MANY_BODY(kst_pick_child, kst_pick_child)
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 \
@@ -436,39 +408,55 @@ KST_BATCH_FN void kst_find_many_generic(const kst_tree *t, const double *masses,
 #define KST_HAVE_AVX512_K16 1
 #define KST_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,popcnt")))
 
-/* Leaf pick for K = 16 with AVX-512: the 16 float32 priorities become two
- * vectors of 8 doubles, an in-register prefix sum (3 shift-and-add steps, then
- * the carry) gives the running masses, and the pick is the number of them <=
- * mass -- no data-dependent branch, where the scan mispredicts its exit once
- * per sample.  Its additions are associated differently from the scan, so the
- * two can disagree only for a mass within rounding of a leaf boundary; a tie
- * that would land on a zero leaf falls back to the scan. */
-KST_AVX512 static inline int64_t kst_pick_leaf16_avx512(const kst_tree *t, uint32_t l,
-                                                        uint64_t node, double *mass)
+/* Child pick for K = 16 with AVX-512.  The scan above mispredicts its exit
+ * once per level and sample, which costs more than the scan itself.  Here
+ * the 16 child masses become two vectors of 8 doubles, an in-register prefix
+ * sum (3 shift-and-add steps, then the carry) gives the running masses, and
+ * the pick is the number of them <= mass: no data-dependent branch (2.5x
+ * faster sampling here).  Its additions are associated differently from the
+ * scan, so the two can disagree only for a mass within rounding of a child
+ * boundary; anything unusual (a tie at an empty child, past the end, a
+ * padding child) goes to the scan. */
+KST_AVX512 static inline int64_t kst_pick16_avx512(const kst_tree *t, uint32_t l, uint64_t node,
+                                                   double *mass)
 {
-    const float *c = t->leaves + (node << 4);
-    __m512 v = _mm512_load_ps(c);
-    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m512d lo, hi;
+    double mass_of_pick;
+    if (l >= 2) {
+        const double *c = t->sums[l - 1] + (node << 4);
+        lo = _mm512_load_pd(c);
+        hi = _mm512_load_pd(c + 8);
+    } else {
+        __m512 v = _mm512_load_ps(t->leaves + (node << 4));
+        lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    }
+    const __m512d zero = _mm512_setzero_pd();
+    __m512d plo = _mm512_max_pd(lo, zero), phi = _mm512_max_pd(hi, zero);
     const __m512i s1 = _mm512_set_epi64(6, 5, 4, 3, 2, 1, 0, 0);
     const __m512i s2 = _mm512_set_epi64(5, 4, 3, 2, 1, 0, 0, 0);
     const __m512i s4 = _mm512_set_epi64(3, 2, 1, 0, 0, 0, 0, 0);
-    lo = _mm512_add_pd(lo, _mm512_maskz_permutexvar_pd(0xFE, s1, lo));
-    hi = _mm512_add_pd(hi, _mm512_maskz_permutexvar_pd(0xFE, s1, hi));
-    lo = _mm512_add_pd(lo, _mm512_maskz_permutexvar_pd(0xFC, s2, lo));
-    hi = _mm512_add_pd(hi, _mm512_maskz_permutexvar_pd(0xFC, s2, hi));
-    lo = _mm512_add_pd(lo, _mm512_maskz_permutexvar_pd(0xF0, s4, lo));
-    hi = _mm512_add_pd(hi, _mm512_maskz_permutexvar_pd(0xF0, s4, hi));
-    hi = _mm512_add_pd(hi, _mm512_permutexvar_pd(_mm512_set1_epi64(7), lo));
+    plo = _mm512_add_pd(plo, _mm512_maskz_permutexvar_pd(0xFE, s1, plo));
+    phi = _mm512_add_pd(phi, _mm512_maskz_permutexvar_pd(0xFE, s1, phi));
+    plo = _mm512_add_pd(plo, _mm512_maskz_permutexvar_pd(0xFC, s2, plo));
+    phi = _mm512_add_pd(phi, _mm512_maskz_permutexvar_pd(0xFC, s2, phi));
+    plo = _mm512_add_pd(plo, _mm512_maskz_permutexvar_pd(0xF0, s4, plo));
+    phi = _mm512_add_pd(phi, _mm512_maskz_permutexvar_pd(0xF0, s4, phi));
+    phi = _mm512_add_pd(phi, _mm512_permutexvar_pd(_mm512_set1_epi64(7), plo));
     __m512d m = _mm512_set1_pd(*mass);
-    uint32_t cnt = (uint32_t)_mm_popcnt_u32(_mm512_cmp_pd_mask(lo, m, _CMP_LE_OQ)) +
-                   (uint32_t)_mm_popcnt_u32(_mm512_cmp_pd_mask(hi, m, _CMP_LE_OQ));
-    if (cnt < 16 && c[cnt] > 0.0f) {
-        double cum[16] __attribute__((aligned(64)));
-        _mm512_store_pd(cum, lo);
-        _mm512_store_pd(cum + 8, hi);
-        *mass -= cnt ? cum[cnt - 1] : 0.0;
-        return cnt;
+    uint32_t cnt = (uint32_t)_mm_popcnt_u32(_mm512_cmp_pd_mask(plo, m, _CMP_LE_OQ)) +
+                   (uint32_t)_mm_popcnt_u32(_mm512_cmp_pd_mask(phi, m, _CMP_LE_OQ));
+    if (cnt < kst_real_children(t, l, node)) {
+        double vals[16] __attribute__((aligned(64))), cum[16] __attribute__((aligned(64)));
+        _mm512_store_pd(vals, lo);
+        _mm512_store_pd(vals + 8, hi);
+        mass_of_pick = vals[cnt];
+        if (mass_of_pick > 0.0) {
+            _mm512_store_pd(cum, plo);
+            _mm512_store_pd(cum + 8, phi);
+            *mass -= cnt ? cum[cnt - 1] : 0.0;
+            return cnt;
+        }
     }
     return kst_pick_child(t, l, node, mass);
 }
@@ -476,7 +464,7 @@ KST_AVX512 static inline int64_t kst_pick_leaf16_avx512(const kst_tree *t, uint3
 KST_AVX512 static void kst_find_many_k16_avx512(const kst_tree *t, const double *masses,
                                                int64_t *out, int64_t n)
 {
-    KST_FIND_MANY_BODY(kst_pick_leaf16_avx512)
+    KST_FIND_MANY_BODY(kst_pick16_avx512, kst_pick16_avx512)
 }
 #endif
 
@@ -489,9 +477,10 @@ static inline void kst_find_many(const kst_tree *t, const double *masses, int64_
 #ifdef KST_HAVE_AVX512_K16
     static int avx512 = -1;
     if (avx512 < 0) {
+        const char *off = getenv("PAL_NO_AVX512");   /* tests compare both paths */
         __builtin_cpu_init();
-        avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                 __builtin_cpu_supports("avx512vl");
+        avx512 = !(off && off[0] && off[0] != '0') && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     }
     if (avx512 && t->fanout == 16) {
         kst_find_many_k16_avx512(t, masses, out, n);

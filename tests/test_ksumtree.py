@@ -1,6 +1,7 @@
 """KSumTree against the numpy reference, and the sampling distribution."""
 
 import math
+import os
 import time
 
 import numpy as np
@@ -317,3 +318,31 @@ def _child_hammers(name, offset, nbytes, cap, k, stop):
         tree.update(rng.integers(0, cap, 256), p)
     del tree, raw
     shm.close()
+
+
+def test_simd_and_portable_descents_agree(tmp_path):
+    """K=16 descents use AVX-512 where the CPU has it; PAL_NO_AVX512=1 forces the
+    portable scan.  Both must pick the same leaves (they may differ only for a mass
+    within rounding of a boundary, which random masses do not hit)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "descend.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        "from pal_hpc.replay import KSumTree\n"
+        "rng = np.random.default_rng(0)\n"
+        "cap = 100_003\n"
+        "t = KSumTree(cap, 16)\n"
+        "p = rng.random(cap) * 10.0 ** rng.integers(-3, 3, cap)\n"
+        "p[rng.random(cap) < 0.3] = 0\n"
+        "t.update(np.arange(cap), p)\n"
+        "idx = np.concatenate([t.find(rng.random(50_000) * t.total()), t.sample(50_000, rng=1)])\n"
+        "np.save(sys.argv[1], idx)\n")
+    out = {}
+    for flag in ("0", "1"):
+        env = dict(os.environ, PAL_NO_AVX512=flag)
+        subprocess.run([sys.executable, str(script), str(tmp_path / f"{flag}.npy")],
+                       env=env, check=True, timeout=120)
+        out[flag] = np.load(tmp_path / f"{flag}.npy")
+    np.testing.assert_array_equal(out["0"], out["1"])

@@ -101,39 +101,27 @@ class ReferenceSumTree:
         k = self.fanout
         node = np.zeros(mass.shape, np.int64)
         levels = [lv for lv in reversed(self.sums[:-1])] + [self.leaves]
-        for depth, level in enumerate(levels):
+        for level in levels:
             children = level[node[:, None] * k + np.arange(k)].astype(np.float64)
-            if depth < len(levels) - 1:
-                # Inner groups: the native tree keeps sibling prefix sums and picks
-                # the number of them <= mass (the same leaf as a scan, up to ties).
-                cum = np.cumsum(children, axis=1)
-                picked = (cum <= mass[:, None]).sum(axis=1)
-                rows = np.arange(mass.size)
-                inside = picked < k
-                before = np.where(picked > 0, cum[rows, np.maximum(picked - 1, 0)], 0.0)
-                mass = np.where(inside, mass - before, mass)
-                miss = ~inside
-                last = np.array([np.flatnonzero(c > 0)[-1] if np.any(c > 0) else -1
-                                 for c in children[miss]], dtype=np.int64)
-            else:
-                # Leaf groups: a scan that skips zero leaves and subtracts the ones passed.
-                picked = np.full(mass.shape, -1, np.int64)
-                last = np.full(mass.shape, -1, np.int64)
-                for j in range(k):
-                    v = children[:, j]
-                    open_ = (picked < 0) & (v > 0)
-                    last[open_] = j
-                    hit = open_ & (mass < v)
-                    picked[hit] = j
-                    skip = open_ & ~hit
-                    mass[skip] -= v[skip]
-                miss = picked < 0
-                last = last[miss]
-            if np.any(last < 0):
+            # The native scan, vectorised over the batch: skip non-positive
+            # children, take the first whose mass exceeds what is left,
+            # subtracting the ones passed in order.
+            picked = np.full(mass.shape, -1, np.int64)
+            last = np.full(mass.shape, -1, np.int64)
+            for j in range(k):
+                v = children[:, j]
+                open_ = (picked < 0) & (v > 0)
+                last[open_] = j
+                hit = open_ & (mass < v)
+                picked[hit] = j
+                skip = open_ & ~hit
+                mass[skip] -= v[skip]
+            miss = picked < 0
+            if np.any(last[miss] < 0):
                 raise ValueError("cannot sample: descent reached an empty subtree")
             # Past the group's end (rounding): the last positive child.
-            picked[miss] = last
-            mass[miss] = children[np.flatnonzero(miss), last]
+            picked[miss] = last[miss]
+            mass[miss] = children[miss, last[miss]]
             node = node * k + picked
         return int(node[0]) if scalar else node
 
