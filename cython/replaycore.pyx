@@ -9,6 +9,7 @@ must to stay memory-safe: input validation is SharedReplay's job.
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t, uintptr_t
+from libc.math cimport pow, isfinite
 
 cnp.import_array()
 
@@ -138,17 +139,52 @@ cdef class ReplayCore:
     def total(self):
         return kst_total(&self.t)
 
+    def prepare_priorities(self, const int64_t[::1] slots, const double[::1] raw, double alpha,
+                           double eps, float[::1] stored):
+        """Check slots and raw priorities and store (raw + eps) ** alpha as float32.
+
+        Returns (-1, 0) when all is well, (0, k) for slot k out of range, and
+        (1, k) for a raw priority that is negative, NaN, infinite, or overflows
+        float32 once transformed.  Nothing in the buffer is touched."""
+        cdef int64_t n = slots.shape[0], k, bad = -1, kind = -1
+        cdef double v
+        with nogil:
+            for k in range(n):
+                if slots[k] < 0 or slots[k] >= self.capacity:
+                    kind = 0
+                    bad = k
+                    break
+                v = raw[k]
+                if not (v >= 0.0 and isfinite(v)):
+                    kind = 1
+                    bad = k
+                    break
+                v = pow(v + eps, alpha)
+                if not (v <= 3.4028234663852886e38):
+                    kind = 1
+                    bad = k
+                    break
+                stored[k] = <float>v
+        return kind, bad
+
     def find(self, const double[::1] masses, int64_t[::1] out):
         """Descend for each mass (no lock); -1 where a racing writer emptied the path."""
         with nogil:
             kst_find_many(&self.t, &masses[0], &out[0], masses.shape[0])
 
-    def gather(self, const int64_t[::1] slots, const uintptr_t[::1] src, const uintptr_t[::1] dst,
+    def gather(self, const int64_t[::1] slots, const uintptr_t[::1] src, list outs,
                const int64_t[::1] row_bytes, uint64_t[::1] tickets, float[::1] prio, uint8_t[::1] ok):
-        """Seqlock-validated copy of sampled rows; returns how many rows are good."""
+        """Seqlock-validated copy of sampled rows into the C-contiguous arrays `outs`
+        (one per field, in spec order); returns how many rows are good."""
         cdef int64_t good
+        cdef int nf = len(outs), f
+        cdef char *dst[64]
+        if nf > 64 or nf != src.shape[0]:
+            raise ValueError("gather: one output array per field, at most 64 fields")
+        for f in range(nf):
+            dst[f] = <char *>cnp.PyArray_DATA(<cnp.ndarray>outs[f])
         with nogil:
-            good = sy_gather(&self.t, self.seq, &slots[0], slots.shape[0], <int>src.shape[0],
-                             <char *const *>&src[0], <char *const *>&dst[0], &row_bytes[0],
+            good = sy_gather(&self.t, self.seq, &slots[0], slots.shape[0], nf,
+                             <char *const *>&src[0], dst, &row_bytes[0],
                              &tickets[0], &prio[0], &ok[0])
         return good

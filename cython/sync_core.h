@@ -85,12 +85,15 @@ static inline int sy_try_acquire(uint64_t *flag)
 static inline void sy_begin_write(kst_tree *t, uint64_t *lock, uint64_t *seq,
                                   const int64_t *slots, int64_t n)
 {
+    kst_pending q;
+    q.active = 0;
     sy_lock(lock);
     for (int64_t k = 0; k < n; k++) {
         uint64_t s = __atomic_load_n(&seq[slots[k]], __ATOMIC_RELAXED);
         __atomic_store_n(&seq[slots[k]], s | 1u, __ATOMIC_RELAXED);
-        kst_set(t, (uint64_t)slots[k], 0.0f);
+        kst_set_deferred(t, &q, (uint64_t)slots[k], 0.0f);
     }
+    kst_pending_flush(t, &q);
     sy_unlock(lock);
     /* The odd counters must be visible before any of the data stores that follow. */
     __atomic_thread_fence(__ATOMIC_RELEASE);
@@ -101,13 +104,16 @@ static inline void sy_begin_write(kst_tree *t, uint64_t *lock, uint64_t *seq,
 static inline void sy_end_write(kst_tree *t, uint64_t *lock, uint64_t *seq,
                                 const int64_t *slots, int64_t n, const double *max_prio)
 {
+    kst_pending q;
+    q.active = 0;
     sy_lock(lock);
     float prio = (float)*max_prio;
     for (int64_t k = 0; k < n; k++) {
         uint64_t s = __atomic_load_n(&seq[slots[k]], __ATOMIC_RELAXED);
         __atomic_store_n(&seq[slots[k]], s + 1, __ATOMIC_RELEASE);
-        kst_set(t, (uint64_t)slots[k], prio);
+        kst_set_deferred(t, &q, (uint64_t)slots[k], prio);
     }
+    kst_pending_flush(t, &q);
     sy_unlock(lock);
 }
 
@@ -119,6 +125,8 @@ static inline int64_t sy_update_if_current(kst_tree *t, uint64_t *lock, const ui
                                            const uint64_t *tickets, int64_t n, double *max_prio)
 {
     int64_t applied = 0;
+    kst_pending q;
+    q.active = 0;
     sy_lock(lock);
     double m = *max_prio;
     for (int64_t k = 0; k < n; k++) {
@@ -126,13 +134,42 @@ static inline int64_t sy_update_if_current(kst_tree *t, uint64_t *lock, const ui
          * written) or odd (mid-write) can match a slot's counter but is no ticket. */
         if (tickets[k] == 0 || (tickets[k] & 1u)) continue;
         if (__atomic_load_n(&seq[slots[k]], __ATOMIC_RELAXED) != tickets[k]) continue;
-        kst_set(t, (uint64_t)slots[k], prio[k]);
+        kst_set_deferred(t, &q, (uint64_t)slots[k], prio[k]);
         if ((double)prio[k] > m) m = (double)prio[k];
         applied++;
     }
+    kst_pending_flush(t, &q);
     *max_prio = m;
     sy_unlock(lock);
     return applied;
+}
+
+/* memcpy with the small fixed sizes of typical fields (scalars, CartPole
+ * vectors) unrolled: a libc call per field and row cost more than the copy. */
+static inline void sy_copy_row(char *d, const char *s, int64_t bytes)
+{
+    switch (bytes) {
+    case 1: *d = *s; return;
+    case 2: memcpy(d, s, 2); return;
+    case 4: memcpy(d, s, 4); return;
+    case 8: memcpy(d, s, 8); return;
+    case 16: memcpy(d, s, 16); return;
+    case 32: memcpy(d, s, 32); return;
+    default: memcpy(d, s, (size_t)bytes); return;
+    }
+}
+
+static inline void sy_prefetch_row(const kst_tree *t, const uint64_t *seq, int64_t i, int nfields,
+                                   char *const *src, const int64_t *row_bytes)
+{
+    if (i < 0 || (uint64_t)i >= t->capacity) return;
+    __builtin_prefetch(&seq[i], 0, 3);
+    __builtin_prefetch(&t->leaves[i], 0, 3);
+    for (int f = 0; f < nfields; f++) {
+        const char *row = src[f] + i * row_bytes[f];
+        int64_t bytes = row_bytes[f] < 256 ? row_bytes[f] : 256;
+        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o, 0, 3);
+    }
 }
 
 /* Copy the rows of sampled slots out of the shared columns, each validated by
@@ -145,7 +182,13 @@ static inline int64_t sy_gather(const kst_tree *t, const uint64_t *seq, const in
                                 uint8_t *ok)
 {
     int64_t good = 0;
+    /* Sampled rows are scattered over the whole buffer: request the rows a few
+     * samples ahead so their cache misses overlap (2x faster copy-out here). */
+    const int64_t ahead = 6;
+    for (int64_t k = 0; k < n && k < ahead; k++)
+        sy_prefetch_row(t, seq, slots[k], nfields, src, row_bytes);
     for (int64_t k = 0; k < n; k++) {
+        if (k + ahead < n) sy_prefetch_row(t, seq, slots[k + ahead], nfields, src, row_bytes);
         int64_t i = slots[k];
         ok[k] = 0;
         tickets[k] = 0;
@@ -156,7 +199,7 @@ static inline int64_t sy_gather(const kst_tree *t, const uint64_t *seq, const in
         float p;
         __atomic_load(&t->leaves[i], &p, __ATOMIC_RELAXED);
         for (int f = 0; f < nfields; f++)
-            memcpy(dst[f] + k * row_bytes[f], src[f] + i * row_bytes[f], (size_t)row_bytes[f]);
+            sy_copy_row(dst[f] + k * row_bytes[f], src[f] + i * row_bytes[f], row_bytes[f]);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         uint64_t s2 = __atomic_load_n(&seq[i], __ATOMIC_RELAXED);
         if (s1 != s2 || !(p > 0.0f)) continue;

@@ -282,14 +282,36 @@ class SharedReplay:
         beta = _finite(beta, "beta")
         if not isinstance(rng, np.random.Generator):
             rng = np.random.default_rng(rng)
-        if self.size() == 0:
+        if core.total() <= 0 and self.size() == 0:
             raise ValueError("cannot sample: the buffer holds no transitions yet")
 
+        # First pass straight into the output arrays; rows that were being
+        # rewritten while we copied them (rare) are redrawn in their own strata.
         out = {n: np.empty((b,) + s, d) for n, (s, d) in self.spec.items()}
-        indices = np.full(b, -1, np.int64)
-        tickets = np.zeros(b, np.uint64)
-        prio = np.zeros(b, np.float32)
-        todo = np.arange(b, dtype=np.int64)
+        indices = np.empty(b, np.int64)
+        tickets = np.empty(b, np.uint64)
+        prio = np.empty(b, np.float32)
+        ok = np.empty(b, np.uint8)
+        total = core.total()
+        masses = (np.arange(b) + rng.random(b)) * (total / b)
+        core.find(masses, indices)
+        good = core.gather(indices, self._src, list(out.values()), self._row_bytes, tickets, prio, ok)
+        if good < b:
+            self._redraw(core, rng, b, np.flatnonzero(ok == 0), out, indices, tickets, prio)
+
+        p_min = self._tree.min()
+        if not p_min > 0:
+            p_min = float(prio.min())
+        # w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (p_i / p_min)^-beta; a priority
+        # read below p_min (a concurrent update) is clamped to weight 1.
+        weights = np.minimum(np.power(prio / np.float32(p_min), np.float32(-beta)), np.float32(1))
+        out["indices"] = indices
+        out["weights"] = weights.astype(np.float32, copy=False)
+        out["tickets"] = tickets
+        return out
+
+    def _redraw(self, core, rng, b, todo, out, indices, tickets, prio) -> None:
+        """Fill the positions `todo` whose first draw hit a slot mid-rewrite."""
         for attempt in range(10_000):
             total = core.total()
             if total > 0:
@@ -306,30 +328,20 @@ class SharedReplay:
                     out[name][where] = got[name][good]
                 todo = todo[~good]
                 if todo.size == 0:
-                    break
+                    return
             if attempt >= 8:
                 # Every candidate is being rewritten right now (tiny buffer, busy writers).
                 time.sleep(min(1e-3, 1e-5 * attempt))
-        else:
-            raise RuntimeError("sample: could not read a stable transition after 10000 attempts")
-
-        p_min = self._tree.min()
-        if p_min <= 0:
-            p_min = float(prio.min())
-        weights = np.minimum((prio.astype(np.float64) / p_min) ** -beta, 1.0).astype(np.float32)
-        out["indices"] = indices
-        out["weights"] = weights
-        out["tickets"] = tickets
-        return out
+        raise RuntimeError("sample: could not read a stable transition after 10000 attempts")
 
     def _gather(self, core, slots: np.ndarray) -> dict:
         n = slots.size
         got = {name: np.empty((n,) + s, d) for name, (s, d) in self.spec.items()}
-        dst = np.array([got[name].ctypes.data for name in self.spec], dtype=np.uintp)
+        fields = list(got.values())
         got["tickets"] = np.zeros(n, np.uint64)
         got["prio"] = np.zeros(n, np.float32)
         got["ok"] = np.zeros(n, np.uint8)
-        core.gather(slots, self._src, dst, self._row_bytes, got["tickets"], got["prio"], got["ok"])
+        core.gather(slots, self._src, fields, self._row_bytes, got["tickets"], got["prio"], got["ok"])
         return got
 
     # -- learner feedback --------------------------------------------------
@@ -352,22 +364,19 @@ class SharedReplay:
         if idx.ndim != 1 or pr.shape != idx.shape or tk.shape != idx.shape:
             raise ValueError(f"indices {idx.shape}, priorities {pr.shape} and tickets {tk.shape} "
                              f"must be 1-D and of one length")
-        bad = np.flatnonzero((idx < 0) | (idx >= self.capacity))
-        if bad.size:
-            raise IndexError(f"indices[{bad[0]}] = {idx[bad[0]]} is out of range [0, {self.capacity})")
-        prf = pr.astype(np.float64)
-        stored = (np.abs(prf) + self.eps) ** self.alpha
-        bad = np.flatnonzero(~((prf >= 0) & (stored <= _F32_MAX)))
-        if bad.size:
-            raise ValueError(f"priorities[{bad[0]}] = {pr[bad[0]]!r} is not a finite, "
-                             f"non-negative priority")
         if tk.dtype.kind == "i" and tk.size and tk.min() < 0:
             raise ValueError("tickets must be non-negative (use the tickets sample() returned)")
         if idx.size == 0:
             return 0
-        return int(core.update_if_current(np.ascontiguousarray(idx, np.int64),
-                                          np.ascontiguousarray(stored, np.float32),
-                                          np.ascontiguousarray(tk, np.uint64)))
+        slots = np.ascontiguousarray(idx, np.int64)
+        stored = np.empty(slots.size, np.float32)
+        kind, k = core.prepare_priorities(slots, np.ascontiguousarray(pr, np.float64),
+                                          self.alpha, self.eps, stored)
+        if kind == 0:
+            raise IndexError(f"indices[{k}] = {idx[k]} is out of range [0, {self.capacity})")
+        if kind == 1:
+            raise ValueError(f"priorities[{k}] = {pr[k]!r} is not a finite, non-negative priority")
+        return int(core.update_if_current(slots, stored, np.ascontiguousarray(tk, np.uint64)))
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
