@@ -1,7 +1,12 @@
-"""SharedReplay under mpiexec: writers inserting while one learner samples 256 and
-updates priorities, for 1, 2 and 4 writer ranks (and the learner alone), beside
-cpprb's MPPrioritizedReplayBuffer with the same process counts when the peer venv
-has it (`make bench-peers`).  Prints inserts/s, learner cycles/s and ratios.
+"""SharedReplay under mpiexec: writer ranks inserting while one learner rank samples
+256 and updates priorities, for 1, 2 and 4 writers (and the learner alone), beside
+cpprb's MPPrioritizedReplayBuffer with the same process counts in the same run when
+the peer venv has it (`make bench-peers`).
+
+Two rows per writer count:
+  flat out  writers insert as fast as they can: the insert-rate ratio to cpprb
+  paced     writers hold 10x cpprb's measured rate (or 1M/s without cpprb): what the
+            learner keeps of its solo rate while we insert 10x faster than cpprb
 
     python bench/bench_replay.py [--seconds 3] [--quick]
 """
@@ -20,11 +25,12 @@ MPIEXEC = Path(sys.executable).with_name("mpiexec")
 PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 
 
-def ours(writers: int, kind: str, capacity: int, seconds: float) -> dict:
+def ours(writers: int, kind: str, capacity: int, seconds: float, rate: float = 0.0) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
     cmd = [str(MPIEXEC), "-n", str(writers + 1), sys.executable, "-m", "mpi4py",
            str(ROOT / "bench" / "replay_worker.py"), "--writers", str(writers),
-           "--kind", kind, "--capacity", str(capacity), "--seconds", str(seconds)]
+           "--kind", kind, "--capacity", str(capacity), "--seconds", str(seconds),
+           "--writer-rate", str(rate)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
@@ -33,7 +39,7 @@ def ours(writers: int, kind: str, capacity: int, seconds: float) -> dict:
 
 def peer(writers: int, kind: str, capacity: int, seconds: float) -> dict | None:
     script = ROOT / "bench" / "peer_replay.py"
-    if not PEER_PYTHON.exists() or not script.exists():
+    if not PEER_PYTHON.exists():
         return None
     cmd = [str(PEER_PYTHON), str(script), "--writers", str(writers), "--kind", kind,
            "--capacity", str(capacity), "--seconds", str(seconds)]
@@ -49,30 +55,45 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--quick", action="store_true", help="1 s runs, CartPole only")
+    ap.add_argument("--json", type=Path, help="also write every measurement to this file")
     args = ap.parse_args()
     seconds = 1.0 if args.quick else args.seconds
     cases = [("cartpole", 1 << 20)] + ([] if args.quick else [("atari", 1 << 16)])
-    print(f"SharedReplay benchmark: {os.cpu_count()} cores; each run {seconds:.0f} s; "
-          f"learner batch 256; writers add 64 per call")
+    print(f"SharedReplay benchmark: {os.cpu_count()} cores, {seconds:.0f} s per run, learner "
+          f"batch 256, writers add 64 per call; ranks > cores oversubscribe")
+    records = []
     for kind, cap in cases:
         alone = ours(0, kind, cap, seconds)
         peer_alone = peer(0, kind, cap, seconds)
-        print(f"\n{kind}, capacity {cap}, {alone['bytes_per_transition']:.0f} bytes/transition")
-        print(f"  learner alone: {alone['learner_cycles_per_s']:9.0f} cycles/s"
-              + (f"   cpprb {peer_alone['learner_cycles_per_s']:9.0f}" if peer_alone else ""))
-        print(f"  {'writers':>7} {'inserts/s':>12} {'cpprb':>12} {'ratio':>6} "
-              f"{'learner/s':>10} {'vs alone':>8} {'cpprb':>9}")
+        solo = alone["learner_cycles_per_s"]
+        print(f"\n{kind}, capacity {cap}: {alone['bytes_per_transition']:.0f} bytes/transition "
+              f"({alone['bytes_per_transition'] * cap / 2**30:.2f} GiB per node)")
+        line = f"  learner alone: pal_hpc {solo:8.0f} cycles/s"
+        if peer_alone:
+            line += (f", cpprb {peer_alone['learner_cycles_per_s']:6.0f} "
+                     f"({solo / peer_alone['learner_cycles_per_s']:.0f}x)")
+        print(line)
+        print(f"  {'writers':>7} {'mode':>8} {'inserts/s':>11} {'cpprb':>9} {'ratio':>7} "
+              f"{'learner/s':>10} {'of solo':>7} {'cpprb':>6}")
+        records.append(dict(kind=kind, writers=0, ours=alone, cpprb=peer_alone))
         for w in (1, 2, 4):
-            r = ours(w, kind, cap, seconds)
             p = peer(w, kind, cap, seconds)
-            ratio = f"{r['inserts_per_s'] / p['inserts_per_s']:5.1f}x" if p else "    -"
-            keep = r["learner_cycles_per_s"] / max(alone["learner_cycles_per_s"], 1e-9)
-            peer_ins = f"{p['inserts_per_s']:12.0f}" if p else f"{'-':>12}"
-            peer_cyc = f"{p['learner_cycles_per_s']:9.0f}" if p else f"{'-':>9}"
-            print(f"  {w:>7} {r['inserts_per_s']:12.0f} {peer_ins} {ratio} "
-                  f"{r['learner_cycles_per_s']:10.0f} {keep:7.0%} {peer_cyc}", flush=True)
+            flat = ours(w, kind, cap, seconds)
+            target = 10 * p["inserts_per_s"] if p else 1e6
+            paced = ours(w, kind, cap, seconds, rate=target / w)
+            records.append(dict(kind=kind, writers=w, ours=flat, paced=paced, cpprb=p))
+            for mode, r in (("flat out", flat), ("paced", paced)):
+                ratio = f"{r['inserts_per_s'] / p['inserts_per_s']:6.1f}x" if p else f"{'-':>7}"
+                ins = f"{p['inserts_per_s']:9.0f}" if p else f"{'-':>9}"
+                cyc = f"{p['learner_cycles_per_s']:6.0f}" if p else f"{'-':>6}"
+                print(f"  {w:>7} {mode:>8} {r['inserts_per_s']:11.0f} {ins} {ratio} "
+                      f"{r['learner_cycles_per_s']:10.0f} {r['learner_cycles_per_s'] / solo:7.0%} "
+                      f"{cyc}", flush=True)
     if not PEER_PYTHON.exists():
         print("\n(no .venv-peers: `make bench-peers` adds cpprb's MPPrioritizedReplayBuffer)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(records, indent=1))
     return 0
 
 

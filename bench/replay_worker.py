@@ -3,7 +3,8 @@
 Ranks 0..W-1 are writers (one region each), the last rank is the learner. For
 `--seconds`, writers add batches of `--add-batch` transitions and the learner
 samples `--batch` and updates their priorities.  Rank 0 prints one JSON line.
-With --writers 0 the learner runs alone on a prefilled buffer.
+With --writers 0 the learner runs alone on a prefilled buffer; --writer-rate
+paces each writer (sleeping, not spinning) to a given insert rate.
 """
 
 import argparse
@@ -51,6 +52,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--add-batch", type=int, default=64)
+    ap.add_argument("--writer-rate", type=float, default=0.0,
+                    help="inserts/s each writer holds itself to (0: as fast as it can)")
     args = ap.parse_args()
 
     world = MPI.COMM_WORLD
@@ -82,7 +85,10 @@ def main():
             rb.update_priorities(s["indices"], rng.random(args.batch), s["tickets"])
             count += 1
     else:
-        while time.perf_counter() < deadline:
+        while (now := time.perf_counter()) < deadline:
+            if args.writer_rate > 0 and count > args.writer_rate * (now - t0):
+                time.sleep(min(1e-3, count / args.writer_rate - (now - t0)))
+                continue
             rb.add(rank, batch)
             count += args.add_batch
     elapsed = time.perf_counter() - t0

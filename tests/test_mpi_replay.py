@@ -23,3 +23,12 @@ def test_checker_catches_a_torn_read(mpi):
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "torn read" in proc.stdout, proc.stdout + proc.stderr
     assert "ok=False" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_hundred_thousand_atari_frames_fit(mpi, nprocs):
+    """100k 84x84x4 uint8 frames (2.6 GiB) live once per node and sample back intact."""
+    proc = mpi(nprocs, ROOT / "tests/mpi/replay_atari.py", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ranks={nprocs} ok=True" in proc.stdout
