@@ -211,4 +211,29 @@ static inline int64_t sy_gather(const kst_tree *t, const uint64_t *seq, const in
     return good;
 }
 
+/* A whole buffer under one seqlock (the learners' weights for the actors).
+ * Single writer: bump to odd, copy, bump to even.  Readers copy and keep the
+ * copy only if the counter was even and unchanged around it. */
+static inline uint64_t sy_publish(uint64_t *seq, char *dst, const char *src, size_t n)
+{
+    uint64_t s = __atomic_load_n(seq, __ATOMIC_RELAXED);
+    __atomic_store_n(seq, s + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    memcpy(dst, src, n);
+    __atomic_store_n(seq, s + 2, __ATOMIC_RELEASE);
+    return s + 2;
+}
+
+/* The version copied (even, > 0), or 0 if nothing was published yet or a
+ * writer was busy: the caller retries. */
+static inline uint64_t sy_read_snapshot(const uint64_t *seq, char *dst, const char *src, size_t n)
+{
+    uint64_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
+    if (s1 == 0 || (s1 & 1u)) return 0;
+    memcpy(dst, src, n);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    uint64_t s2 = __atomic_load_n(seq, __ATOMIC_RELAXED);
+    return s1 == s2 ? s1 : 0;
+}
+
 #endif /* PAL_SYNC_CORE_H */
