@@ -1,0 +1,343 @@
+"""Run configuration: one dataclass whose documented fields become the `--flags`.
+
+Values come from three layers, later ones winning: the dataclass defaults (which train
+DQN on CartPole-v1), an optional `--config FILE` (TOML or JSON), and the flags given on
+the command line.  `load_config` validates the result before any rank starts work, and
+every error names the offending field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ALGOS = ("dqn",)
+DEVICES = ("auto", "cpu", "cuda")
+MAX_FANOUT = 4096  # the native KSumTree's limit
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message starts with the field name."""
+
+
+def _f(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field carrying its `--help` text (and optional `choices`)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **extra})
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class Config:
+    """Everything a run needs; the defaults train DQN on CartPole-v1."""
+
+    # What to run.
+    algo: str = _f("dqn", "algorithm to train", choices=ALGOS)
+    env: str = _f("CartPole-v1", "gymnasium environment id (ALE/... ids need ale_py)")
+    total_steps: int = _f(100_000, "environment steps to run, summed over all actors")
+    wall_time: float = _f(0.0, "stop after this many seconds (0 = no limit)")
+    seed: int = _f(0, "base random seed; each rank derives its own from it")
+    run_dir: str = _f("", "output directory (empty = runs/<algo>-<env>-<UTC timestamp>)")
+
+    # Layout of ranks.
+    actors_per_node: float = _f(0.0, "actor ranks per node: 0 = auto (the ranks left after "
+                                   "the learners), an integer >= 1 = that many, 0 < x < 1 = "
+                                   "that fraction of the node's ranks")
+    learners_per_node: float = _f(0.0, "learner ranks per node: 0 = auto (1 per 4 ranks, at "
+                                     "least 1), an integer >= 1 = that many, 0 < x < 1 = that "
+                                     "fraction of the node's ranks")
+    ranks_per_node: int = _f(0, "0 = use the real nodes; k > 0 = split each real node into "
+                                "virtual nodes of k ranks (each with its own replay buffer)")
+    device: str = _f("auto", "learner device: auto = CUDA when available, else CPU",
+                     choices=DEVICES)
+
+    # Evaluation.
+    eval_every: int = _f(5_000, "global env steps between greedy evaluations (0 = only at "
+                                "the end)")
+    eval_episodes: int = _f(10, "episodes per greedy evaluation")
+    target_return: float | None = _f(None, "stop once the greedy evaluation mean return "
+                                           "reaches this (none = never)")
+
+    # Acting and replay.
+    envs_per_actor: int = _f(4, "environments each actor rank steps as one batch")
+    replay_capacity: int = _f(100_000, "replay buffer capacity in transitions, per node")
+    batch_size: int = _f(64, "transitions per learner gradient step")
+    learning_starts: int = _f(1_000, "transitions a node's buffer holds before its "
+                                     "learners start")
+    replay_ratio: float = _f(8.0, "sampled transitions per inserted transition "
+                                  "(Reverb-style rate limit)")
+
+    # DQN.
+    lr: float = _f(1e-3, "Adam learning rate")
+    gamma: float = _f(0.99, "discount factor, in (0, 1]")
+    n_step: int = _f(3, "steps of the n-step return")
+    target_update: int = _f(250, "learner steps between target-network syncs")
+    publish_every: int = _f(10, "learner steps between weight publications to actors")
+    hidden: list[int] = _f([256, 256], "hidden layer widths of the Q-network")
+    dueling: bool = _f(False, "dueling Q-network head")
+    double_q: bool = _f(True, "double-Q targets")
+    grad_clip: float = _f(10.0, "gradient global-norm clip (0 = no clipping)")
+
+    # Prioritized replay.
+    per_alpha: float = _f(0.6, "priority exponent alpha, in [0, 1] (0 = uniform)")
+    per_beta: float = _f(0.4, "initial importance-sampling exponent beta, in [0, 1]; "
+                              "annealed to 1 over the run")
+    per_eps: float = _f(1e-6, "added to |TD error| so no priority is zero")
+    fanout: int = _f(16, "children per sum-tree node: a power of two in [2, 4096] "
+                         "(16 float32 = one 64-byte cache line)")
+
+    # Exploration.
+    eps_start: float = _f(1.0, "initial epsilon of epsilon-greedy")
+    eps_final: float = _f(0.05, "final epsilon (of actor 0 when eps_spread > 0)")
+    exploration_steps: int = _f(10_000, "global env steps of linear epsilon decay")
+    eps_spread: float = _f(3.0, "actor i of N ends at eps_final ** (1 + eps_spread * i / "
+                                "(N-1)), Ape-X style (0 = all actors equal)")
+
+    # Runtime.
+    torch_threads: int = _f(1, "torch intra-op threads per rank")
+    progress_every: float = _f(5.0, "seconds between progress lines")
+
+    def resolved_run_dir(self, now: datetime | None = None) -> str:
+        """`run_dir`, or `runs/<algo>-<env>-<UTC timestamp>` when it is empty.
+
+        The timestamp differs between calls: resolve once (on rank 0) and share it.
+        """
+        if self.run_dir:
+            return self.run_dir
+        stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+        env = self.env.replace("/", "-")
+        return str(Path("runs") / f"{self.algo}-{env}-{stamp}")
+
+    def validate(self) -> None:
+        """Raise `ConfigError` (message starting with the field name) on a bad value."""
+        for name, tp in _field_types().items():
+            _check_type(name, tp, getattr(self, name))
+        _check_choice("algo", self.algo, ALGOS)
+        _check_choice("device", self.device, DEVICES)
+        _check_env(self.env)
+
+        req = lambda name, ok, what: _require(self, name, ok, what)  # noqa: E731
+        for name in ("total_steps", "eval_episodes", "envs_per_actor", "replay_capacity",
+                     "batch_size", "n_step", "target_update", "publish_every",
+                     "torch_threads"):
+            req(name, getattr(self, name) >= 1, "must be >= 1")
+        for name in ("seed", "ranks_per_node", "eval_every", "learning_starts",
+                     "exploration_steps"):
+            req(name, getattr(self, name) >= 0, "must be >= 0")
+        # Every check is phrased as "ok if ...", so NaN fails them all.
+        for name in ("lr", "replay_ratio", "per_eps", "progress_every"):
+            req(name, getattr(self, name) > 0, "must be > 0")
+        for name in ("wall_time", "grad_clip", "eps_spread"):
+            req(name, getattr(self, name) >= 0, "must be >= 0")
+        for name in ("per_alpha", "per_beta", "eps_start", "eps_final"):
+            req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
+        req("gamma", 0 < self.gamma <= 1, "must be in (0, 1]")
+        req("eps_final", self.eps_final <= self.eps_start,
+            f"must be <= eps_start ({self.eps_start})")
+        req("replay_capacity", self.replay_capacity >= self.batch_size,
+            f"must be >= batch_size ({self.batch_size})")
+        req("learning_starts", self.learning_starts <= self.replay_capacity,
+            f"must be <= replay_capacity ({self.replay_capacity}) or learning never starts")
+        req("fanout", 2 <= self.fanout <= MAX_FANOUT and self.fanout & (self.fanout - 1) == 0,
+            f"must be a power of two in [2, {MAX_FANOUT}]")
+        req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
+            "must be a non-empty list of positive widths")
+        if self.target_return is not None:
+            req("target_return", math.isfinite(self.target_return), "must be finite")
+        check_per_node("actors_per_node", self.actors_per_node)
+        check_per_node("learners_per_node", self.learners_per_node)
+
+
+def check_per_node(name: str, value: float) -> None:
+    """A per-node rank count: 0 (auto), a fraction in (0, 1), or an integer >= 1."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value)
+          and (value == 0 or 0 < value < 1 or (value >= 1 and float(value).is_integer())))
+    if not ok:
+        raise ConfigError(f"{name}: must be 0 (auto), a fraction in (0, 1) or an integer "
+                          f">= 1, got {value!r}")
+
+
+def _require(cfg: Config, name: str, ok: bool, what: str) -> None:
+    """Raise `ConfigError("<name>: <what>, got <value>")` unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{name}: {what}, got {getattr(cfg, name)!r}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}: must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_env(env_id: str) -> None:
+    """The id must be registered in gymnasium (Atari ids once ale_py is imported)."""
+    import gymnasium
+
+    try:
+        import ale_py
+
+        gymnasium.register_envs(ale_py)
+    except ImportError:
+        pass
+    try:
+        gymnasium.spec(env_id)
+    except Exception as exc:  # gymnasium raises several error types for unknown ids
+        raise ConfigError(f"env: {env_id!r} is not a registered gymnasium environment "
+                          f"({exc})") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Types: plain JSON/TOML values <-> field values, checked strictly (no silent coercion).
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    """Field name -> evaluated annotation (annotations are strings in this module)."""
+    return typing.get_type_hints(Config)
+
+
+def _is_optional(tp: Any) -> bool:
+    return isinstance(tp, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _base_type(tp: Any) -> Any:
+    """`float | None` -> float; `list[int]` -> list; others unchanged."""
+    if _is_optional(tp):
+        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    return typing.get_origin(tp) or tp
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_type(name: str, tp: Any, value: Any) -> Any:
+    """Return `value` as the field's type (int -> float is the only conversion), or raise."""
+    if value is None and _is_optional(tp):
+        return None
+    base = _base_type(tp)
+    if base is bool and isinstance(value, bool):
+        return value
+    if base is int and _is_int(value):
+        return value
+    if base is float and (_is_int(value) or isinstance(value, float)):
+        return float(value)
+    if base is str and isinstance(value, str):
+        return value
+    if base is list and isinstance(value, list) and all(_is_int(v) for v in value):
+        return list(value)
+    want = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            list: "a list of integers"}[base]
+    if _is_optional(tp):
+        want += " or none"
+    raise ConfigError(f"{name}: expected {want}, got {value!r} ({type(value).__name__})")
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain JSON types (for saving with a run)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(d: dict[str, Any]) -> Config:
+    """A Config from plain values (keys with `_` or `-`); missing keys keep their defaults.
+
+    Unknown keys and wrongly typed values raise `ConfigError`.  Does not call
+    `validate()` (load_config does), so a saved config can be inspected even when, say,
+    its environment is not installed here.
+    """
+    types_ = _field_types()
+    values: dict[str, Any] = {}
+    for key, value in d.items():
+        name = str(key).replace("-", "_")
+        if name not in types_:
+            raise ConfigError(f"{key}: unknown config key")
+        if name in values:
+            raise ConfigError(f"{name}: given twice (as '_' and '-' spellings)")
+        values[name] = _check_type(name, types_[name], value)
+    return Config(**values)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw key/value table of a `.toml` or `.json` config file."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        elif suffix == ".json":
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        else:
+            raise ConfigError(f"config: {path} must end in .toml or .json")
+    except (OSError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a table of field = value")
+    return data
+
+
+# ---------------------------------------------------------------------------------------
+# Command line.
+
+def _optional_float(text: str) -> float | None:
+    if text.strip().lower() in ("none", "null", ""):
+        return None
+    return float(text)
+
+
+def build_parser(prog: str = "python -m pal_hpc.main") -> argparse.ArgumentParser:
+    """An argparse parser with one flag per Config field (`--total-steps` for total_steps).
+
+    Flags default to "not given" (argparse.SUPPRESS) so that only the flags a user typed
+    override the config file; the dataclass default is shown in each help line.
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Train an RL agent with actor and learner MPI ranks.",
+        epilog="Precedence: defaults < --config file < command-line flags.")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="TOML or JSON file of field = value (keys with _ or -)")
+    types_ = _field_types()
+    defaults = config_to_dict(Config())
+    for f in dataclasses.fields(Config):
+        tp, default = types_[f.name], defaults[f.name]
+        shown = ("none" if default is None else '""' if default == "" else
+                 " ".join(map(str, default)) if isinstance(default, list) else default)
+        help_text = f"{f.metadata['help']} (default: {shown})".replace("%", "%%")
+        flag = "--" + f.name.replace("_", "-")
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
+        base = _base_type(tp)
+        if base is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif base is list:
+            kw.update(nargs="+", type=int, metavar="N")
+        elif _is_optional(tp):
+            kw.update(type=_optional_float, metavar="X")
+        else:
+            kw["type"] = base
+            if "choices" in f.metadata:
+                kw["choices"] = f.metadata["choices"]
+            else:
+                kw["metavar"] = {int: "N", float: "X", str: "STR"}[base]
+        parser.add_argument(flag, **kw)
+    return parser
+
+
+def load_config(argv: list[str] | None = None) -> Config:
+    """Defaults < `--config FILE` < flags given in `argv` (sys.argv[1:] when None); validated."""
+    ns = vars(build_parser().parse_args(argv))
+    path = ns.pop("config")
+    values = read_config_file(path) if path else {}
+    cfg = config_from_dict(values)
+    cfg = dataclasses.replace(cfg, **ns)  # only flags actually given are in `ns`
+    cfg.validate()
+    return cfg
