@@ -47,6 +47,7 @@ cdef extern from "sync_core.h" nogil:
 cdef enum:
     LOCK_WORD = 8
     MAXP_WORD = 16
+    SAMPLES_WORD = 24
     REGION_BASE = 64
     WORDS_PER_REGION = 8
 
@@ -129,6 +130,13 @@ cdef class ReplayCore:
     def writes(self, int r):
         """Transitions ever written to region r (published ones)."""
         return sy_load(self._region(r))
+
+    def sampled(self):
+        """Transitions ever handed out by sample() on this buffer (all ranks)."""
+        return sy_load(self.control + SAMPLES_WORD)
+
+    def count_sampled(self, int64_t n):
+        sy_add(self.control + SAMPLES_WORD, <uint64_t>n)
 
     def publish_writes(self, int r, int64_t n):
         sy_add(self._region(r), <uint64_t>n)

@@ -1,39 +1,63 @@
-"""`python -m pal_hpc.main`: the job entry point.
+"""`python -m pal_hpc.main [flags]`: the job entry point, on every rank.
 
-Training (actor and learner roles) is not built yet; this entry point reports the
-MPI layout it was started with and the native replay core it found, so that
-`make run` already checks the whole stack (venv, MPICH, mpi4py, the Cython build)
-on every rank.
+    mpiexec -n 4 python -m mpi4py -m pal_hpc.main --env CartPole-v1 --total-steps 100000
+
+Configuration comes from the defaults, then `--config FILE`, then flags
+(`--help` lists them).  A bad configuration is rejected on every rank before
+any work starts, naming the field.  An exception on any rank prints that
+rank's traceback once and aborts the whole job, so nothing hangs.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+import traceback
 
-from mpi4py import MPI
+
+def _reject(world, exc) -> int:
+    """Every rank found the same bad configuration: rank 0 says so once, then all exit 2.
+    The barrier keeps a fast rank's exit (which aborts the job under `-m mpi4py`) from
+    cutting rank 0 off before it has printed."""
+    if world.Get_rank() == 0:
+        print(f"pal_hpc: invalid configuration: {exc}", file=sys.stderr, flush=True)
+    world.Barrier()
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pal_hpc.main",
-        description="pal_hpc job entry point (currently: report the MPI layout and exit).")
-    parser.parse_args(argv)
+    from mpi4py import MPI
 
-    from pal_hpc.dist import node_comm
-    from pal_hpc.replay import KSumTree, max_threads
+    from pal_hpc.config import ConfigError, load_config
 
     world = MPI.COMM_WORLD
-    node = node_comm(world)
-    nodes = world.allreduce(1 if node.Get_rank() == 0 else 0)
-    hosts = world.gather(MPI.Get_processor_name(), root=0)
-    if world.Get_rank() == 0:
-        print(f"pal_hpc: {world.Get_size()} ranks on {nodes} node(s) "
-              f"({', '.join(sorted(set(hosts)))}); MPI: {MPI.Get_library_version().splitlines()[0]}")
-        print(f"pal_hpc: native KSumTree ok (2^20 leaves, K=16: "
-              f"{KSumTree.nbytes(1 << 20, 16) / 2**20:.1f} MiB), OpenMP threads: {max_threads()}")
-        print("pal_hpc: training (actors + learners) is not implemented yet; nothing to run.")
-    node.Free()
+    rank = world.Get_rank()
+    args = sys.argv[1:] if argv is None else argv
+    if rank != 0 and ("-h" in args or "--help" in args):
+        return 0                       # one copy of the help text, from rank 0
+    try:
+        cfg = load_config(args)
+    except ConfigError as exc:
+        return _reject(world, exc)
+    except SystemExit as exc:         # argparse: --help, or an unknown flag
+        return int(exc.code or 0)
+
+    if not cfg.run_dir:               # one timestamped directory for the whole job
+        cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
+    try:
+        from pal_hpc.dist.topology import build_topology
+        from pal_hpc.runtime.run import train
+
+        topo = build_topology(world, cfg)
+        try:
+            train(cfg, topo)
+        finally:
+            topo.free()
+    except ConfigError as exc:       # found while building (e.g. roles vs ranks): same on every rank
+        return _reject(world, exc)
+    except BaseException:
+        sys.stderr.write(f"pal_hpc: rank {rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        world.Abort(1)
     return 0
 
 

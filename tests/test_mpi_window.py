@@ -14,7 +14,3 @@ def test_tree_in_shared_window(mpi, nprocs):
     assert f"ranks={nprocs} ok=True" in proc.stdout
 
 
-def test_main_entry_point_runs(mpi):
-    proc = mpi(2, "-m", "pal_hpc.main", timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 ranks on 1 node(s)" in proc.stdout

@@ -189,6 +189,15 @@ class SharedReplay:
         """Transitions ever added to `region` (by any rank)."""
         return int(self._live().writes(self._region(region)))
 
+    def inserted(self) -> int:
+        """Transitions ever added, over all regions (a rate limiter's insert count)."""
+        core = self._live()
+        return int(sum(core.writes(r) for r in range(self.regions)))
+
+    def sampled(self) -> int:
+        """Transitions ever returned by sample(), by any rank (a rate limiter's sample count)."""
+        return int(self._live().sampled())
+
     def size(self) -> int:
         """Slots that hold data."""
         core = self._live()
@@ -305,6 +314,7 @@ class SharedReplay:
         # w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (p_i / p_min)^-beta; a priority
         # read below p_min (a concurrent update) is clamped to weight 1.
         weights = np.minimum(np.power(prio / np.float32(p_min), np.float32(-beta)), np.float32(1))
+        core.count_sampled(b)
         out["indices"] = indices
         out["weights"] = weights.astype(np.float32, copy=False)
         out["tickets"] = tickets

@@ -1,0 +1,1 @@
+"""The processes that run training: actors, learners, evaluation and coordination."""
