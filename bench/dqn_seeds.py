@@ -1,0 +1,64 @@
+"""Acceptance run: DQN on CartPole-v1 under `mpiexec -n NP`, several seeds, each
+stopping at a greedy evaluation mean of --target (475) or --total-steps (100k).
+Prints one row per seed and how many reached the target.
+
+    python bench/dqn_seeds.py [--seeds 5] [--np 4] [--total-steps 100000] [--target 475]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+
+
+def run_seed(seed: int, args, run_dir: Path) -> dict:
+    cmd = [str(MPIEXEC), "-n", str(args.np), sys.executable, "-m", "mpi4py", "-m", "pal_hpc.main",
+           "--env", args.env, "--seed", str(seed), "--total-steps", str(args.total_steps),
+           "--target-return", str(args.target), "--eval-every", str(args.eval_every),
+           "--run-dir", str(run_dir), "--progress-every", "1000", *args.extra]
+    env = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"seed {seed} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--total-steps", type=int, default=100_000)
+    ap.add_argument("--target", type=float, default=475.0)
+    ap.add_argument("--eval-every", type=int, default=5_000)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("extra", nargs="*", help="more pal_hpc.main flags (after --)")
+    args = ap.parse_args()
+    print(f"DQN {args.env}, mpiexec -n {args.np}, target {args.target} within "
+          f"{args.total_steps:,} env steps")
+    print(f"{'seed':>4} {'reached':>7} {'steps_to_target':>15} {'time_to_target_s':>16} "
+          f"{'best':>6} {'final':>6} {'env_steps':>9} {'updates':>7} {'wall_s':>7}")
+    hits = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(args.seeds):
+            s = run_seed(seed, args, Path(tmp) / f"seed{seed}")
+            hit = s["steps_to_target"] is not None and s["steps_to_target"] <= args.total_steps
+            hits += hit
+            fmt = lambda v, spec: format(v, spec) if v is not None else "-"
+            print(f"{seed:>4} {'yes' if hit else 'no':>7} {fmt(s['steps_to_target'], '>15,')} "
+                  f"{fmt(s['time_to_target_s'], '>16.1f')} {fmt(s['best_eval_return'], '>6.1f')} "
+                  f"{fmt(s['final_eval_return'], '>6.1f')} {s['env_steps']:>9,} {s['updates']:>7,} "
+                  f"{s['wall_s']:>7.1f}", flush=True)
+    print(f"reached {args.target} in {hits} of {args.seeds} seeds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
