@@ -36,6 +36,9 @@ def test_training_runs_end_to_end(mpi, tmp_path, nprocs, extra, nodes, actors, l
     assert summary["env_steps"] >= 3000
     assert summary["updates"] > 0
     assert summary["learner_params_identical"] is True
+    # The two-sided rate limit holds sampled/inserted near --replay-ratio (16, batch 64).
+    ratio = summary["updates"] * 64 / summary["env_steps"]
+    assert 0.3 * 16 <= ratio <= 1.05 * 16, ratio
     assert summary["final_eval_return"] is not None and summary["evaluations"]
     assert proc.stdout.count("summary: ") == 1           # printed once, by rank 0
     assert "steps" in proc.stdout and "updates" in proc.stdout   # progress lines

@@ -106,121 +106,161 @@ def _fault_injection(rank: int):
     return float(after or 0) if int(target) == rank else None
 
 
-def train(cfg, topo) -> dict | None:
-    """Run the job on this rank; rank 0 returns the summary."""
-    world, me = topo.world, topo.me
-    torch.set_num_threads(cfg.torch_threads)
-    probe = make_env(cfg.env, cfg.seed)
-    obs_shape, obs_dtype = obs_info(probe)
-    n_actions = int(probe.action_space.n)
-    probe.close()
+class RankRun:
+    """What one rank builds for its role(s), its loop, and the wind-down."""
 
-    node_roles = [r for r in topo.roles if r.node == me.node]
-    node_actors = sum(r.is_actor for r in node_roles)
-    node_learners = sum(r.is_learner for r in node_roles)
-    n_actors = sum(r.is_actor for r in topo.roles)
-    n_learners = sum(r.is_learner for r in topo.roles)
-    replay = SharedReplay(transition_spec(obs_shape, obs_dtype), cfg.replay_capacity,
-                          comm=topo.node, regions=node_actors, fanout=cfg.fanout,
-                          alpha=cfg.per_alpha, eps=cfg.per_eps)
-    Algo = ALGOS[cfg.algo]
+    def __init__(self, cfg, topo):
+        self.cfg, self.topo = cfg, topo
+        self.world, me = topo.world, topo.me
+        self.me = me
+        torch.set_num_threads(cfg.torch_threads)
+        probe = make_env(cfg.env, cfg.seed)
+        obs_shape, obs_dtype = obs_info(probe)
+        n_actions = int(probe.action_space.n)
+        probe.close()
 
-    def make_algo(device):
-        return Algo(obs_shape, n_actions, hidden=tuple(cfg.hidden), dueling=cfg.dueling,
-                    double_q=cfg.double_q, gamma=cfg.gamma, n_step=cfg.n_step, lr=cfg.lr,
-                    grad_clip=cfg.grad_clip, device=device, seed=cfg.seed)
+        node_roles = [r for r in topo.roles if r.node == me.node]
+        self.n_actors = sum(r.is_actor for r in topo.roles)
+        self.n_learners = sum(r.is_learner for r in topo.roles)
+        self.replay = SharedReplay(transition_spec(obs_shape, obs_dtype), cfg.replay_capacity,
+                                   comm=topo.node, regions=sum(r.is_actor for r in node_roles),
+                                   fanout=cfg.fanout, alpha=cfg.per_alpha, eps=cfg.per_eps)
+        Algo = ALGOS[cfg.algo]
 
-    policy = make_algo("cpu")        # identical initial parameters on every rank (same seed)
-    weights = WeightStore(policy.num_params, comm=topo.node)
-    learner = actor = None
-    if me.is_learner:
-        device = pick_device(cfg.device, me.local_learner_index)
-        algo = policy if (device.type == "cpu" and not me.is_actor) else make_algo(device)
-        learner = Learner(cfg, algo, replay, topo.learners,
-                          weights=weights if me.local_learner_index == 0 else None,
-                          node_learners=node_learners)
-    if me.is_actor:
-        actor = Actor(cfg, policy, replay, me.local_actor_index, weights, me.actor_index, n_actors)
-    evaluator = me.is_actor and me.actor_index == 0
-    stats = S.StatsRounds(world)
-    if me.local_rank == 0:          # one rank per node reports the node's replay
-        stats.set(S.REPLAY_CAPACITY, replay.capacity)
+        def make_algo(device):
+            return Algo(obs_shape, n_actions, hidden=tuple(cfg.hidden), dueling=cfg.dueling,
+                        double_q=cfg.double_q, gamma=cfg.gamma, n_step=cfg.n_step, lr=cfg.lr,
+                        grad_clip=cfg.grad_clip, device=device, seed=cfg.seed)
 
-    wait_all(world)
-    start = time.monotonic()
-    coord = Coordinator(cfg, start) if world.Get_rank() == 0 else None
-    if coord:
-        print(f"pal_hpc: {cfg.algo} on {cfg.env}: {world.Get_size()} ranks, {topo.n_nodes} node(s), "
-              f"{n_actors} actors x {cfg.envs_per_actor} envs, {n_learners} learners; "
-              f"replay {cfg.replay_capacity:,} per node ({replay.bytes_per_transition:.0f} B/transition)",
-              flush=True)
-    next_eval = cfg.eval_every if cfg.eval_every > 0 else float("inf")
-    stop_asked = False
-    fault_after = _fault_injection(world.Get_rank())
-    steps_sent = 0          # this actor's steps included in the last completed round
+        # Same seed everywhere: every rank starts from identical parameters.
+        self.policy = make_algo("cpu")
+        self.weights = WeightStore(self.policy.num_params, comm=topo.node)
+        self.learner = self.actor = None
+        if me.is_learner:
+            device = pick_device(cfg.device, me.local_learner_index)
+            algo = self.policy if (device.type == "cpu" and not me.is_actor) else make_algo(device)
+            self.learner = Learner(cfg, algo, self.replay, topo.learners,
+                                   weights=self.weights if me.local_learner_index == 0 else None,
+                                   node_learners=sum(r.is_learner for r in node_roles))
+        if me.is_actor:
+            self.actor = Actor(cfg, self.policy, self.replay, me.local_actor_index, self.weights,
+                               me.actor_index, self.n_actors)
+        self.evaluator = me.is_actor and me.actor_index == 0
+        self.stats = S.StatsRounds(self.world)
+        if me.local_rank == 0:          # one rank per node reports the node's replay
+            self.stats.set(S.REPLAY_CAPACITY, self.replay.capacity)
+        self.next_eval = cfg.eval_every if cfg.eval_every > 0 else float("inf")
+        self.steps_sent = 0             # this actor's steps counted in the last round
+        self.stop_asked = False
+        self.coord = None
+        self.start = 0.0
 
-    while True:
-        if fault_after is not None and time.monotonic() - start > fault_after:
-            raise RuntimeError(f"injected fault on rank {world.Get_rank()} (PAL_HPC_INJECT_FAULT)")
-        did = False
+    # -- the loop ------------------------------------------------------------
+    def run(self) -> dict | None:
+        """Train until the job stops; rank 0 returns the summary."""
+        wait_all(self.world)
+        self.start = time.monotonic()
+        if self.world.Get_rank() == 0:
+            self.coord = Coordinator(self.cfg, self.start)
+            self._announce()
+        fault_after = _fault_injection(self.world.Get_rank())
+        while True:
+            if fault_after is not None and time.monotonic() - self.start > fault_after:
+                raise RuntimeError(f"injected fault on rank {self.world.Get_rank()} "
+                                   f"(PAL_HPC_INJECT_FAULT)")
+            did = self._act() | self._learn()
+            self._exchange()
+            if self.stats.stopping and (self.learner is None or self.learner.done):
+                break
+            if not did:
+                time.sleep(0.001)        # idle: give the core to a rank that has work
+        return self._wind_down()
+
+    def _act(self) -> bool:
+        actor, stats, cfg = self.actor, self.stats, self.cfg
+        if actor is None or stats.stopping or not actor.may_insert():
+            return False
         global_steps = stats.total[S.ENV_STEPS]
-        if actor is not None and not stats.stopping and actor.may_insert() \
-                and global_steps + (actor.steps - steps_sent) * n_actors < cfg.total_steps:
-            actor.step(max(global_steps, actor.steps * n_actors))
-            stats.set(S.ENV_STEPS, actor.steps)
-            for ret, _ in actor.drain_episodes():
-                stats.add(S.EPISODES, 1)
-                stats.add(S.RETURN_SUM, ret)
-                stats.add(S.RETURN_COUNT, 1)
-            did = True
-            if evaluator and global_steps >= next_eval and stats.mine[S.EVAL_COUNT] == 0:
-                actor.pull_weights()
-                returns = evaluate(cfg, policy, cfg.eval_episodes, seed=cfg.seed + 10**6 + int(global_steps))
-                stats.add(S.EVAL_SUM, returns.sum())
-                stats.add(S.EVAL_COUNT, len(returns))
-                stats.add(S.EVAL_STEP, global_steps)
-                next_eval = (global_steps // cfg.eval_every + 1) * cfg.eval_every
-        if learner is not None:
-            progress = min(1.0, global_steps / cfg.total_steps)
-            did |= learner.step(stats.stopping, progress)
-            if me.learner_index == 0:
-                stats.set(S.UPDATES, learner.updates)
-        if me.local_rank == 0:
-            stats.set(S.REPLAY_SIZE, replay.size())
-        if stats.poll():
-            steps_sent = actor.steps if actor is not None else 0
-            if coord is not None and not stop_asked and coord.observe(stats.total):
-                stats.set(S.STOP, 1)
-                stop_asked = True
-        if stats.stopping and (learner is None or learner.done):
-            break
-        if not did:
-            time.sleep(0.001)
+        if global_steps + (actor.steps - self.steps_sent) * self.n_actors >= cfg.total_steps:
+            return False                 # this actor's share of the budget is spent
+        actor.step(max(global_steps, actor.steps * self.n_actors))
+        stats.set(S.ENV_STEPS, actor.steps)
+        for ret, _ in actor.drain_episodes():
+            stats.add(S.EPISODES, 1)
+            stats.add(S.RETURN_SUM, ret)
+            stats.add(S.RETURN_COUNT, 1)
+        if self.evaluator and global_steps >= self.next_eval and stats.mine[S.EVAL_COUNT] == 0:
+            actor.pull_weights()
+            returns = evaluate(cfg, self.policy, cfg.eval_episodes,
+                               seed=cfg.seed + 10**6 + int(global_steps))
+            stats.add(S.EVAL_SUM, returns.sum())
+            stats.add(S.EVAL_COUNT, len(returns))
+            stats.add(S.EVAL_STEP, global_steps)
+            self.next_eval = (global_steps // cfg.eval_every + 1) * cfg.eval_every
+        return True
 
-    # Wind down: every learner has published its final weights once all ranks are here.
-    if actor is not None:
-        actor.flush()
-    stats.finish()
-    wait_all(world)
-    final_eval = np.zeros(2)
-    if evaluator:
-        actor.pull_weights()
-        returns = evaluate(cfg, policy, cfg.eval_episodes, seed=cfg.seed + 2 * 10**6)
-        final_eval[:] = returns.sum(), len(returns)
-    # Every learner must hold the same parameters: compare digests.
-    digest = ""
-    if learner is not None:
-        digest = hashlib.sha256(learner.algo.get_flat_params().tobytes()).hexdigest()
-    digests = [d for d in world.gather(digest, root=0) or [] if d]
-    totals = np.zeros(S.SIZE)
-    world.Reduce(stats.mine, totals, op=MPI.SUM, root=0)
-    world.Reduce(final_eval.copy(), final_eval, op=MPI.SUM, root=0)
-    wall = time.monotonic() - start
-    summary = None
-    if coord is not None:
+    def _learn(self) -> bool:
+        if self.learner is None:
+            return False
+        progress = min(1.0, self.stats.total[S.ENV_STEPS] / self.cfg.total_steps)
+        did = self.learner.step(self.stats.stopping, progress)
+        if self.me.learner_index == 0:
+            self.stats.set(S.UPDATES, self.learner.updates)
+        return did
+
+    def _exchange(self) -> None:
+        stats = self.stats
+        if self.me.local_rank == 0:
+            stats.set(S.REPLAY_SIZE, self.replay.size())
+        if stats.poll():
+            self.steps_sent = self.actor.steps if self.actor is not None else 0
+            if self.coord is not None and not self.stop_asked and self.coord.observe(stats.total):
+                stats.set(S.STOP, 1)
+                self.stop_asked = True
+
+    def _announce(self) -> None:
+        cfg, topo = self.cfg, self.topo
+        print(f"pal_hpc: {cfg.algo} on {cfg.env}: {self.world.Get_size()} ranks, "
+              f"{topo.n_nodes} node(s), {self.n_actors} actors x {cfg.envs_per_actor} envs, "
+              f"{self.n_learners} learners; replay {cfg.replay_capacity:,} per node "
+              f"({self.replay.bytes_per_transition:.0f} B/transition)", flush=True)
+
+    # -- the end ---------------------------------------------------------------
+    def _wind_down(self) -> dict | None:
+        world, cfg = self.world, self.cfg
+        if self.actor is not None:
+            self.actor.flush()
+        self.stats.finish()
+        wait_all(world)               # now every learner has published its final weights
+        final_eval = np.zeros(2)
+        if self.evaluator:
+            self.actor.pull_weights()
+            returns = evaluate(cfg, self.policy, cfg.eval_episodes, seed=cfg.seed + 2 * 10**6)
+            final_eval[:] = returns.sum(), len(returns)
+        digest = ""                   # every learner must hold the same parameters
+        if self.learner is not None:
+            digest = hashlib.sha256(self.learner.algo.get_flat_params().tobytes()).hexdigest()
+        digests = [d for d in world.gather(digest, root=0) or [] if d]
+        totals = np.zeros(S.SIZE)
+        world.Reduce(self.stats.mine, totals, op=MPI.SUM, root=0)
+        world.Reduce(final_eval.copy(), final_eval, op=MPI.SUM, root=0)
+        summary = None
+        if self.coord is not None:
+            summary = self._summary(totals, final_eval, len(set(digests)) == 1)
+        if self.actor is not None:
+            self.actor.close()
+        wait_all(world)
+        self.weights.free()
+        self.replay.close()
+        return summary
+
+    def _summary(self, totals: np.ndarray, final_eval: np.ndarray, identical: bool) -> dict:
+        cfg, coord = self.cfg, self.coord
+        wall = time.monotonic() - self.start
         coord.observe(totals)           # episodes and evaluations since the last round
         final_mean = float(final_eval[0] / final_eval[1]) if final_eval[1] else None
-        means = [e["mean_return"] for e in coord.evals] + ([final_mean] if final_mean is not None else [])
+        means = [e["mean_return"] for e in coord.evals]
+        means += [final_mean] if final_mean is not None else []
         hit = coord.target_hit
         if hit is None and final_mean is not None and cfg.target_return is not None \
                 and final_mean >= cfg.target_return:
@@ -234,24 +274,28 @@ def train(cfg, topo) -> dict | None:
             "time_to_target_s": hit["wall_s"] if hit else None,
             "steps_to_target": hit["env_steps"] if hit else None,
             "target_return": cfg.target_return,
-            "ranks": world.Get_size(), "nodes": topo.n_nodes,
-            "actors": n_actors, "learners": n_learners,
-            "learner_params_identical": len(set(digests)) == 1,
+            "ranks": self.world.Get_size(), "nodes": self.topo.n_nodes,
+            "actors": self.n_actors, "learners": self.n_learners,
+            "learner_params_identical": identical,
             "stop_reason": coord.stop_reason or "loop ended",
             "evaluations": coord.evals,
         }
         run_dir = Path(cfg.resolved_run_dir())
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=1))
-        tmp = run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1))
-        os.replace(tmp, run_dir / "summary.json")
+        _write_json(run_dir / "config.json", config_to_dict(cfg))
+        _write_json(run_dir / "summary.json", summary)
         short = {k: v for k, v in summary.items() if k != "evaluations"}
         print("summary: " + json.dumps(short), flush=True)
-    if actor is not None:
-        actor.close()
-    wait_all(world)
-    weights.free()
-    replay.close()
-    return summary
+        return summary
 
+
+def _write_json(path: Path, obj) -> None:
+    """Write via a temporary file and a rename, so a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def train(cfg, topo) -> dict | None:
+    """Run the job on this rank; rank 0 returns the summary."""
+    return RankRun(cfg, topo).run()
