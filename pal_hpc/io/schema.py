@@ -1,0 +1,50 @@
+"""The record types of the metrics log: one table (1-D compound dataset) per stream.
+
+Every stream's table lives at `/<stream>` in `<run dir>/metrics.h5`.  Writers and
+readers (the runtime, `pal_hpc.analyze`, any HDF5 tool) agree on these dtypes.
+"""
+
+import numpy as np
+
+EPISODES = np.dtype([
+    ("env_step", np.int64),      # global env steps when the episode ended (approximate)
+    ("wall_s", np.float64),      # seconds since the run started
+    ("actor", np.int32),         # global actor index
+    ("return", np.float64),
+    ("length", np.int32),
+])
+
+LEARNER = np.dtype([
+    ("update", np.int64),        # learner steps so far (identical on every learner)
+    ("wall_s", np.float64),
+    ("env_step", np.int64),
+    ("loss", np.float64),
+    ("td_abs_mean", np.float64),
+    ("q_mean", np.float64),
+    ("grad_norm", np.float64),
+    ("lr", np.float64),
+])
+
+EVALUATION = np.dtype([
+    ("env_step", np.int64),
+    ("wall_s", np.float64),
+    ("mean_return", np.float64),
+    ("std_return", np.float64),
+    ("episodes", np.int32),
+])
+
+SYSTEM = np.dtype([
+    ("wall_s", np.float64),
+    ("rank", np.int32),
+    ("role", np.int8),           # 1 actor, 2 learner, 3 both
+    ("env_steps_per_s", np.float64),
+    ("updates_per_s", np.float64),
+    ("replay_fill", np.float64),  # this rank's node replay: size / capacity
+    ("sample_ms_p50", np.float64),
+    ("sample_ms_p99", np.float64),
+    ("insert_ms_p50", np.float64),
+    ("insert_ms_p99", np.float64),
+    ("rss_mb", np.float64),
+])
+
+STREAMS = {"episodes": EPISODES, "learner": LEARNER, "evaluation": EVALUATION, "system": SYSTEM}
