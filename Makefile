@@ -48,6 +48,8 @@ test-fast: install
 bench: install
 	$(PY) bench/bench_tree.py $(ARGS)
 	$(PY) bench/bench_replay.py $(ARGS)
+	$(PY) bench/bench_envs.py $(ARGS)
+	$(PY) bench/bench_train.py $(ARGS)
 
 bench-peers:
 	bash bench/install_peers.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the peer libraries whose sum trees bench/peer_trees.py times against
-# ours: cpprb, torchrl (+ tensordict) and tianshou, into a venv of their own,
-# <repo>/.venv-peers (never into the project's .venv).
+# ours: cpprb, torchrl (+ tensordict) and tianshou, and Stable-Baselines3, whose
+# DQN bench/peer_sb3.py trains for bench/bench_train.py, into a venv of their
+# own, <repo>/.venv-peers (never into the project's .venv).
 #
 #   bash bench/install_peers.sh            # idempotent; a re-run takes a second
 #   PYTHON=python3.11 bash bench/install_peers.sh
@@ -19,6 +20,12 @@
 #                        with torch 2.13.0.
 #   tianshou   2.0.1    newest; Requires-Dist torch>=2.0,<3 (pure Python; its
 #                        SegmentTree runs on numba).
+#   stable-baselines3 2.9.2  newest; Requires-Dist torch>=2.8,<3,
+#                        gymnasium>=0.29.1,<2.0, numpy>=1.20,<3, cloudpickle
+#                        (no extras needed: its DQN, callbacks and evaluation
+#                        run without pandas/tensorboard).
+#   gymnasium  1.4.0     the version in the project's .venv, so both sides step
+#                        the same CartPole code (tianshou pulls it in anyway).
 #   numpy 2.4.6, numba 0.68.1, llvmlite 0.50.0: what pip resolves today,
 #                        pinned because they set the peers' speed.
 #
@@ -46,6 +53,8 @@ PINS=(
   "torchrl==0.14.1"
   "tensordict==0.14.3"
   "tianshou==2.0.1"
+  "stable-baselines3==2.9.2"
+  "gymnasium==1.4.0"
   "numpy==2.4.6"
   "numba==0.68.1"
   "llvmlite==0.50.0"
@@ -122,16 +131,18 @@ REPORT=$("$VPY" - <<'EOF'
 import importlib, importlib.metadata as md, os, sys
 os.environ.setdefault("RL_WARNINGS", "0")
 print(f"  python {sys.version.split()[0]} at {sys.prefix}")
-for dist in ("torch", "numpy", "numba", "cpprb", "tensordict", "torchrl", "tianshou"):
+for dist in ("torch", "numpy", "numba", "cpprb", "tensordict", "torchrl", "tianshou",
+             "stable-baselines3", "gymnasium"):
     try:
         ver = md.version(dist)
     except md.PackageNotFoundError:
         ver = "not installed"
-    print(f"  {dist:<11}{ver}")
+    print(f"  {dist:<18}{ver}")
 checks = {
     "cpprb": "cpprb:PrioritizedReplayBuffer",
     "torchrl": "torchrl._torchrl:SumSegmentTreeFp32",
     "tianshou": "tianshou.data.utils.segtree:SegmentTree",
+    "stable-baselines3": "stable_baselines3:DQN",
 }
 for peer, target in checks.items():
     mod, attr = target.split(":")

@@ -1,0 +1,212 @@
+"""Time to solve: DQN on CartPole-v1 under `mpiexec -n N` (N = 1, 2, 4) beside
+Stable-Baselines3's DQN with rl-baselines3-zoo's tuned CartPole-v1 hyperparameters
+(bench/peer_sb3.py, run in .venv-peers when it has stable_baselines3), seeds 0..K-1,
+one run at a time.
+
+Both sides use one protocol: up to --total-steps env steps (100k); every --eval-every
+(5000) env steps a greedy evaluation, the mean return of --eval-episodes (10) episodes
+on fresh environments; the run stops at the first evaluation whose mean reaches
+--target (475); a final evaluation after the last step counts too.  Wall-clock to the
+target runs from the start of training (after setup) to the end of that evaluation,
+evaluation time included; torch uses one thread per process on both sides.
+
+Per configuration the table shows each seed's wall-clock-to-target and steps-to-target,
+the median over seeds and how many seeds reached the target.  A seed that did not
+reach it (or whose run failed) counts as not reached: it enters the median as
++infinity, so the median is finite only when at least half the seeds reached the
+target.  The last column is SB3's median / ours: above 1 means pal_hpc got there in
+less wall-clock time (or fewer env steps).
+
+    python bench/bench_train.py [--seeds 3] [--nps 1,2,4] [--json OUT]
+    python bench/bench_train.py --quick     # smoke run: 1 seed, 20k steps, target 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+PEER = "sb3-dqn"
+
+
+def _tail(text: str, n: int = 1500) -> str:
+    return text[-n:].strip()
+
+
+def run_ours(np_: int, seed: int, args, run_dir: Path) -> dict:
+    cmd = [str(MPIEXEC), "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "pal_hpc.main",
+           "--env", args.env, "--seed", str(seed), "--total-steps", str(args.total_steps),
+           "--target-return", str(args.target), "--eval-every", str(args.eval_every),
+           "--eval-episodes", str(args.eval_episodes), "--run-dir", str(run_dir),
+           "--progress-every", "1000"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env,
+                         cwd=ROOT)
+    summary = run_dir / "summary.json"
+    if out.returncode != 0 or not summary.exists():
+        raise RuntimeError(f"exit {out.returncode}: {_tail(out.stderr or out.stdout)}")
+    return json.loads(summary.read_text())
+
+
+def peer_available() -> str | None:
+    """SB3's version in .venv-peers, or None when it cannot be used."""
+    if not PEER_PYTHON.exists():
+        return None
+    out = subprocess.run([str(PEER_PYTHON), "-c",
+                          "import stable_baselines3 as s; print(s.__version__)"],
+                         capture_output=True, text=True, timeout=120)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def run_peer(seed: int, args) -> dict:
+    cmd = [str(PEER_PYTHON), str(ROOT / "bench" / "peer_sb3.py"), "--seed", str(seed),
+           "--env", args.env, "--total-steps", str(args.total_steps), "--target", str(args.target),
+           "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"exit {out.returncode}: {_tail(out.stderr)}")
+    return json.loads(lines[-1])
+
+
+def reached(rec: dict | None, key: str) -> float:
+    """The run's time or steps to the target, +inf when it did not get there."""
+    if not rec or rec.get("steps_to_target") is None or rec.get(key) is None:
+        return math.inf
+    return float(rec[key])
+
+
+def fmt(v: float, spec: str) -> str:
+    return "-" if math.isinf(v) else format(v, spec)
+
+
+def ratio(peer: float, ours: float) -> str:
+    if math.isinf(peer) and math.isinf(ours):
+        return "-"
+    if math.isinf(peer):
+        return "ours only"    # only pal_hpc's median reached the target
+    if math.isinf(ours):
+        return "SB3 only"
+    return f"{peer / ours:.2f}x"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=3, help="run seeds 0..K-1")
+    ap.add_argument("--nps", default="1,2,4", help="comma-separated mpiexec -n values")
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--total-steps", type=int, default=100_000)
+    ap.add_argument("--target", type=float, default=475.0)
+    ap.add_argument("--eval-every", type=int, default=5_000)
+    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    ap.add_argument("--no-peer", action="store_true", help="skip Stable-Baselines3")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1 seed, 20000 steps, target 100")
+    ap.add_argument("--json", type=Path, help="also write every run's record to this file")
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.total_steps, args.target = 1, 20_000, 100.0
+    nps = [int(x) for x in args.nps.split(",") if x.strip()]
+    if args.seeds < 1 or not nps or min(nps) < 1:
+        ap.error("--seeds and every --nps value must be >= 1")
+    seeds = list(range(args.seeds))
+    sb3 = None if args.no_peer else peer_available()
+
+    configs = [f"pal_hpc -n {n}" for n in nps] + ([PEER] if sb3 else [])
+    print(f"DQN {args.env}: time to a greedy mean return of {args.target:g} (eval every "
+          f"{args.eval_every:,} steps, {args.eval_episodes} episodes), at most "
+          f"{args.total_steps:,} env steps, seeds {seeds}; {os.cpu_count()} cores, "
+          f"one run at a time", flush=True)
+    if sb3:
+        print(f"peer: Stable-Baselines3 {sb3} DQN, rl-baselines3-zoo CartPole-v1 "
+              f"hyperparameters (bench/peer_sb3.py)", flush=True)
+    elif not args.no_peer:
+        print("peer: none (.venv-peers lacks stable_baselines3: `bash bench/install_peers.sh`)",
+              flush=True)
+
+    records: dict[str, dict[int, dict | None]] = {c: {} for c in configs}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench_train-") as tmp:
+        for seed in seeds:
+            for cfg in configs:
+                try:
+                    if cfg == PEER:
+                        rec = run_peer(seed, args)
+                    else:
+                        n = int(cfg.rsplit(" ", 1)[1])
+                        rec = run_ours(n, seed, args, Path(tmp) / f"np{n}-seed{seed}")
+                except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                    msg = f"{cfg} seed {seed} failed: {exc}"
+                    print(f"  ({msg})", file=sys.stderr, flush=True)
+                    errors.append(msg)
+                    rec = None
+                records[cfg][seed] = rec
+                t, s = reached(rec, "time_to_target_s"), reached(rec, "steps_to_target")
+                status = "failed" if rec is None else (
+                    f"reached at {s:,.0f} steps, {t:.1f} s" if not math.isinf(t)
+                    else f"not reached (best {rec.get('best_eval_return') or 0:.1f})")
+                wall = f", run {rec['wall_s']:.1f} s" if rec else ""
+                print(f"  {cfg:<14} seed {seed}: {status}{wall}", flush=True)
+
+    medians = {}
+    for cfg in configs:
+        times = [reached(records[cfg][s], "time_to_target_s") for s in seeds]
+        steps = [reached(records[cfg][s], "steps_to_target") for s in seeds]
+        medians[cfg] = {"time": statistics.median(times), "steps": statistics.median(steps),
+                        "times": times, "steps_list": steps,
+                        "reached": sum(not math.isinf(t) for t in times)}
+
+    for title, key, each, spec in (("wall-clock to target (s)", "time", "times", ".1f"),
+                                   ("env steps to target", "steps", "steps_list", ",.0f")):
+        print(f"\n{title}, target {args.target:g}")
+        head = "".join(f"{'seed ' + str(s):>10}" for s in seeds)
+        peer_col = f"{'SB3/ours':>10}" if sb3 else ""
+        print(f"  {'config':<14}{head}{'median':>10}{'reached':>9}{peer_col}")
+        for cfg in configs:
+            m = medians[cfg]
+            row = "".join(f"{fmt(v, spec):>10}" for v in m[each])
+            col = ""
+            if sb3:
+                col = f"{'':>10}" if cfg == PEER else f"{ratio(medians[PEER][key], m[key]):>10}"
+            hits = f"{m['reached']}/{len(seeds)}"
+            print(f"  {cfg:<14}{row}{fmt(m[key], spec):>10}{hits:>9}{col}")
+    print("\nnot reached ('-') counts as +inf in the median; SB3/ours > 1: pal_hpc is faster; "
+          "'ours only' / 'SB3 only': only that side's median reached the target")
+    if errors:
+        print(f"{len(errors)} run(s) failed (see stderr); they count as not reached")
+
+    if args.json:
+        enc = lambda v: None if math.isinf(v) else v  # noqa: E731
+        out = {"env": args.env, "target": args.target, "total_steps": args.total_steps,
+               "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,
+               "seeds": seeds, "nps": nps, "cores": os.cpu_count(), "sb3_version": sb3,
+               "runs": {c: {str(s): records[c][s] for s in seeds} for c in configs},
+               "medians": {c: {"time_to_target_s": enc(medians[c]["time"]),
+                               "steps_to_target": enc(medians[c]["steps"]),
+                               "reached": medians[c]["reached"], "of": len(seeds)}
+                           for c in configs},
+               "ratios_sb3_over_ours": ({c: {k: (None if math.isinf(medians[c][k]) or
+                                                 math.isinf(medians[PEER][k])
+                                                 else medians[PEER][k] / medians[c][k])
+                                             for k in ("time", "steps")}
+                                         for c in configs if c != PEER} if sb3 else None),
+               "errors": errors}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
