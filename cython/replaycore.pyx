@@ -119,6 +119,13 @@ cdef class ReplayCore:
             self.control[i] = 0
         (<double *>(self.control + MAXP_WORD))[0] = max_priority
 
+    def reset_locks(self):
+        """Release the tree lock and every region claim (after restoring a saved buffer)."""
+        cdef int r
+        self.control[LOCK_WORD] = 0
+        for r in range(self.regions):
+            self._region(r)[1] = 0
+
     # -- writers -----------------------------------------------------------
     def try_acquire_region(self, int r):
         """Claim region r for this writer; False if another writer holds it."""

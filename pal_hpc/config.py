@@ -107,6 +107,15 @@ class Config:
     torch_threads: int = _f(1, "torch intra-op threads per rank")
     progress_every: float = _f(5.0, "seconds between progress lines")
 
+    # Checkpoints and resume.
+    resume: str = _f("", "resume from 'latest' (the newest valid checkpoint in run_dir) or "
+                         "from a checkpoint file's path; empty = start fresh")
+    checkpoint_every: float = _f(0.0, "seconds between checkpoints while training (0 = only "
+                                      "at the end and on SIGTERM/SIGUSR1)")
+    keep_checkpoints: int = _f(3, "newest checkpoints kept in <run_dir>/checkpoints")
+    checkpoint_replay: bool = _f(True, "store each node's replay buffer (with its tree) in "
+                                       "checkpoints, so a resumed run does not start empty")
+
     def resolved_run_dir(self, now: datetime | None = None) -> str:
         """`run_dir`, or `runs/<algo>-<env>-<UTC timestamp>` when it is empty.
 
@@ -129,7 +138,7 @@ class Config:
         req = lambda name, ok, what: _require(self, name, ok, what)  # noqa: E731
         for name in ("total_steps", "eval_episodes", "envs_per_actor", "replay_capacity",
                      "batch_size", "n_step", "target_update", "publish_every",
-                     "torch_threads"):
+                     "torch_threads", "keep_checkpoints"):
             req(name, getattr(self, name) >= 1, "must be >= 1")
         for name in ("seed", "ranks_per_node", "eval_every", "learning_starts",
                      "exploration_steps"):
@@ -137,7 +146,7 @@ class Config:
         # Every check is phrased as "ok if ...", so NaN fails them all.
         for name in ("lr", "replay_ratio", "per_eps", "progress_every"):
             req(name, getattr(self, name) > 0, "must be > 0")
-        for name in ("wall_time", "grad_clip", "eps_spread"):
+        for name in ("wall_time", "grad_clip", "eps_spread", "checkpoint_every"):
             req(name, getattr(self, name) >= 0, "must be >= 0")
         for name in ("per_alpha", "per_beta", "eps_start", "eps_final"):
             req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")

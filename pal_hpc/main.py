@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from pathlib import Path
 
 
 def _reject(world, exc) -> int:
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     from pal_hpc.config import ConfigError, load_config
+    from pal_hpc.runtime import signals
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -41,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:         # argparse: --help, or an unknown flag
         return int(exc.code or 0)
 
+    if not cfg.run_dir and cfg.resume not in ("", "latest"):
+        cfg.run_dir = str(Path(cfg.resume).resolve().parent.parent)   # the checkpoint's run
     if not cfg.run_dir:               # one timestamped directory for the whole job
         cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
+    signals.install()
     try:
         from pal_hpc.dist.topology import build_topology
         from pal_hpc.runtime.run import train

@@ -388,6 +388,32 @@ class SharedReplay:
             raise ValueError(f"priorities[{k}] = {pr[k]!r} is not a finite, non-negative priority")
         return int(core.update_if_current(slots, stored, np.ascontiguousarray(tk, np.uint64)))
 
+    # -- checkpoints -------------------------------------------------------
+    def signature(self) -> dict:
+        """What a saved buffer must match to be loaded into this one."""
+        return {"capacity": self.capacity, "regions": self.regions, "fanout": self.fanout,
+                "alpha": self.alpha, "eps": self.eps, "nbytes": self.nbytes,
+                "spec": {n: [list(s), d.str] for n, (s, d) in self.spec.items()}}
+
+    def state_bytes(self) -> np.ndarray:
+        """The whole buffer -- counters, tree, slot counters, columns -- as one uint8 view.
+
+        Take it only while no rank writes or samples (a checkpoint's safe point)."""
+        self._live()
+        return self._mem
+
+    def load_state_bytes(self, raw) -> None:
+        """Restore a buffer saved with `state_bytes()` into this one (same signature).
+
+        Call on one rank of the node while no rank uses the buffer; locks and region
+        claims held at save time are released."""
+        core = self._live()
+        raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+        if raw.size != self.nbytes:
+            raise ValueError(f"saved replay has {raw.size} bytes, this buffer has {self.nbytes}")
+        self._mem[:] = raw
+        core.reset_locks()
+
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
         """Release the memory (collective over the node communicator)."""

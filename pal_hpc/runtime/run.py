@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 import os
 import time
 from collections import deque
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from pal_hpc.algos import ALGOS
-from pal_hpc.config import config_to_dict
+from pal_hpc.config import ConfigError, config_to_dict
+from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.dist.topology import pick_device
 from pal_hpc.dist.weights import WeightStore
 from pal_hpc.replay import SharedReplay
+from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.actor import Actor, evaluate
 from pal_hpc.runtime.envs import make_env, obs_info
@@ -46,10 +50,10 @@ def wait_all(comm: MPI.Comm, timeout: float = 600.0) -> None:
 class Coordinator:
     """Rank 0's view of the job: progress lines, evaluations, the stop decision."""
 
-    def __init__(self, cfg, start: float):
+    def __init__(self, cfg, start: float, evals: list | None = None):
         self.cfg = cfg
         self.start = start
-        self.evals: list[dict] = []
+        self.evals: list[dict] = list(evals or [])
         self.recent = deque(maxlen=100)         # (sum, count) of episode returns per round
         self.last_print = start
         self.last_steps = 0.0
@@ -74,7 +78,9 @@ class Coordinator:
                 self.target_hit = rec
         if now - self.last_print >= self.cfg.progress_every:
             self.progress(total, now)
-        if self.target_hit is not None:
+        if total[S.PREEMPT] > 0:
+            self.stop_reason = "SIGTERM/SIGUSR1: checkpoint and exit"
+        elif self.target_hit is not None:
             self.stop_reason = f"target return {self.cfg.target_return} reached"
         elif total[S.ENV_STEPS] >= self.cfg.total_steps:
             self.stop_reason = f"{self.cfg.total_steps} env steps done"
@@ -154,14 +160,22 @@ class RankRun:
         self.stop_asked = False
         self.coord = None
         self.start = 0.0
+        self.restored: dict = {}        # wall time and evaluations of the run we resume
+        self.resumed_from = ""
+        self.start_digest = ""
+        if cfg.resume:
+            self._resume()
+        if self.learner is not None:
+            self.start_digest = _digest(self.learner.algo)
+        self.start_replay_size = self.replay.size()
 
     # -- the loop ------------------------------------------------------------
     def run(self) -> dict | None:
         """Train until the job stops; rank 0 returns the summary."""
         wait_all(self.world)
-        self.start = time.monotonic()
+        self.start = time.monotonic() - self.restored.get("wall_s", 0.0)
         if self.world.Get_rank() == 0:
-            self.coord = Coordinator(self.cfg, self.start)
+            self.coord = Coordinator(self.cfg, self.start, self.restored.get("evals"))
             self._announce()
         fault_after = _fault_injection(self.world.Get_rank())
         while True:
@@ -210,6 +224,8 @@ class RankRun:
 
     def _exchange(self) -> None:
         stats = self.stats
+        if signals.requested and not stats.mine[S.PREEMPT]:
+            stats.set(S.PREEMPT, 1)     # checkpoint at the next safe point, then exit 0
         if self.me.local_rank == 0:
             stats.set(S.REPLAY_SIZE, self.replay.size())
         if stats.poll():
@@ -237,16 +253,16 @@ class RankRun:
             self.actor.pull_weights()
             returns = evaluate(cfg, self.policy, cfg.eval_episodes, seed=cfg.seed + 2 * 10**6)
             final_eval[:] = returns.sum(), len(returns)
-        digest = ""                   # every learner must hold the same parameters
-        if self.learner is not None:
-            digest = hashlib.sha256(self.learner.algo.get_flat_params().tobytes()).hexdigest()
+        # Every learner must hold the same parameters: compare digests.
+        digest = _digest(self.learner.algo) if self.learner is not None else ""
         digests = [d for d in world.gather(digest, root=0) or [] if d]
         totals = np.zeros(S.SIZE)
         world.Reduce(self.stats.mine, totals, op=MPI.SUM, root=0)
         world.Reduce(final_eval.copy(), final_eval, op=MPI.SUM, root=0)
+        checkpoint = self._checkpoint(totals)
         summary = None
         if self.coord is not None:
-            summary = self._summary(totals, final_eval, len(set(digests)) == 1)
+            summary = self._summary(totals, final_eval, len(set(digests)) == 1, checkpoint)
         if self.actor is not None:
             self.actor.close()
         wait_all(world)
@@ -254,7 +270,8 @@ class RankRun:
         self.replay.close()
         return summary
 
-    def _summary(self, totals: np.ndarray, final_eval: np.ndarray, identical: bool) -> dict:
+    def _summary(self, totals: np.ndarray, final_eval: np.ndarray, identical: bool,
+                 checkpoint: str) -> dict:
         cfg, coord = self.cfg, self.coord
         wall = time.monotonic() - self.start
         coord.observe(totals)           # episodes and evaluations since the last round
@@ -277,6 +294,10 @@ class RankRun:
             "ranks": self.world.Get_size(), "nodes": self.topo.n_nodes,
             "actors": self.n_actors, "learners": self.n_learners,
             "learner_params_identical": identical,
+            "checkpoint": checkpoint,
+            "resumed_from": self.resumed_from or None,
+            "params_digest_at_start": self.start_digest or None,
+            "replay_size_at_start": self.start_replay_size,
             "stop_reason": coord.stop_reason or "loop ended",
             "evaluations": coord.evals,
         }
@@ -287,6 +308,141 @@ class RankRun:
         short = {k: v for k, v in summary.items() if k != "evaluations"}
         print("summary: " + json.dumps(short), flush=True)
         return summary
+
+
+    # -- checkpoints -------------------------------------------------------------
+    def _checkpoint(self, totals: np.ndarray) -> str:
+        """Collective, at the end of the run (all ranks idle): replay files by each node's
+        first rank, then the main file by rank 0.  Returns the main file's path on rank 0."""
+        cfg, world, me = self.cfg, self.world, self.me
+        step = self.learner.updates if self.learner is not None else 0
+        step = world.bcast(step, root=0)
+        main = ckpt.main_path(cfg.resolved_run_dir(), step)
+        replay_digest = ("", "")
+        if cfg.checkpoint_replay and me.local_rank == 0:
+            path = ckpt.replay_path(main, me.node)
+            raw = self.replay.state_bytes()
+            sig = json.dumps(self.replay.signature())
+
+            def fill_replay(f):
+                f.attrs["format"] = ckpt.FORMAT_VERSION
+                f.attrs["signature"] = sig
+                f.create_dataset("raw", data=raw, chunks=True)
+            replay_digest = (path.name, ckpt.write_atomic(path, fill_replay))
+        rank_state = self._rank_state()
+        gathered = world.gather((rank_state, replay_digest), root=0)
+        if world.Get_rank() == 0:
+            replay_files = {name: d for _, (name, d) in gathered if name}
+            self._write_main(main, step, totals, [s for s, _ in gathered], replay_files)
+            ckpt.prune(cfg.resolved_run_dir(), cfg.keep_checkpoints)
+        wait_all(world)
+        return str(main)
+
+    def _rank_state(self) -> dict:
+        actor = self.actor
+        return {
+            "rank": self.world.Get_rank(),
+            "actor_steps": actor.steps if actor is not None else 0,
+            "stats": self.stats.mine.tolist(),
+            "np_rng": json.dumps(actor.rng.bit_generator.state) if actor is not None else "",
+            "torch_rng": torch.get_rng_state().numpy(),
+        }
+
+    def _write_main(self, main: Path, step: int, totals, states: list, replay_files: dict) -> None:
+        cfg, learner = self.cfg, self.learner
+        layout = [[r.node, r.is_actor, r.is_learner] for r in self.topo.roles]
+        evals = self.coord.evals if self.coord is not None else []
+
+        def fill(f):
+            a = f.attrs
+            a["format"] = ckpt.FORMAT_VERSION
+            a["updates"] = step
+            a["env_steps"] = int(totals[S.ENV_STEPS])
+            a["wall_s"] = time.monotonic() - self.start
+            a["config"] = json.dumps(config_to_dict(cfg))
+            a["layout"] = json.dumps(layout)
+            a["evals"] = json.dumps(evals)
+            a["replay_files"] = json.dumps(replay_files)
+            a["params_digest"] = _digest(learner.algo)
+            ckpt.save_tree(f.create_group("algo"), learner.algo.state_dict())
+            ranks = f.create_group("ranks")
+            for st in states:
+                g = ranks.create_group(f"rank_{st['rank']}")
+                g.create_dataset("torch_rng", data=st["torch_rng"])
+                g.attrs["actor_steps"] = st["actor_steps"]
+                g.attrs["stats"] = json.dumps(st["stats"])
+                g.attrs["np_rng"] = st["np_rng"]
+        ckpt.write_atomic(main, fill)
+
+    def _resume(self) -> None:
+        """Restore parameters, optimizer, counters, RNG states and replay buffers."""
+        cfg, world, me = self.cfg, self.world, self.me
+        found = err = None
+        if world.Get_rank() == 0:
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    if cfg.resume == "latest":
+                        found = str(ckpt.latest_valid(cfg.resolved_run_dir()))
+                    else:
+                        ckpt.verify_all(Path(cfg.resume))
+                        found = cfg.resume
+                for w in caught:
+                    print(f"pal_hpc: warning: {w.message}", flush=True)
+            except ckpt.CheckpointError as exc:
+                err = str(exc)
+        found, err = world.bcast((found, err), root=0)
+        if err:
+            raise ConfigError(f"resume: {err}")
+        with h5py.File(found, "r") as f:
+            self._check_fits(f.attrs)
+            if self.learner is not None:
+                self.learner.algo.load_state_dict(ckpt.load_tree(f["algo"]))
+                self.learner.updates = int(f.attrs["updates"])
+                if self.learner.weights is not None:
+                    self.learner.weights.publish(self.learner.algo.get_flat_params())
+            g = f[f"ranks/rank_{world.Get_rank()}"]
+            self.stats.mine[:] = json.loads(g.attrs["stats"])[:S.SIZE]
+            self.stats.mine[S.PREEMPT] = self.stats.mine[S.STOP] = 0.0
+            torch.set_rng_state(torch.from_numpy(np.array(g["torch_rng"][()])))
+            if self.actor is not None:
+                self.actor.steps = int(g.attrs["actor_steps"])
+                self.actor.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
+            self.restored = {"wall_s": float(f.attrs["wall_s"]),
+                             "evals": json.loads(f.attrs["evals"])}
+            replay_files = json.loads(f.attrs["replay_files"])
+        name = ckpt.replay_path(Path(found), me.node).name
+        if me.local_rank == 0 and name in replay_files:
+            with h5py.File(Path(found).with_name(name), "r") as rf:
+                if json.loads(rf.attrs["signature"]) != json.loads(json.dumps(self.replay.signature())):
+                    raise ConfigError("replay_capacity: the saved replay buffer does not match "
+                                      "this run's (capacity, fanout, spec or regions differ)")
+                self.replay.load_state_bytes(rf["raw"][()])
+        self.resumed_from = found
+        wait_all(world)
+        if world.Get_rank() == 0:
+            print(f"pal_hpc: resumed from {found} (update {self.learner.updates}, "
+                  f"{int(self.stats.mine[S.ENV_STEPS])} env steps on rank 0)", flush=True)
+
+    def _check_fits(self, attrs) -> None:
+        """Refuse, naming the field, a checkpoint whose shapes differ from this run's."""
+        saved = json.loads(attrs["config"])
+        mine = config_to_dict(self.cfg)
+        for name in ("algo", "env", "hidden", "dueling", "replay_capacity", "fanout",
+                     "per_alpha", "per_eps"):
+            if saved.get(name) != mine.get(name):
+                raise ConfigError(f"{name}: the checkpoint was trained with {saved.get(name)!r}, "
+                                  f"this run asks for {mine.get(name)!r}; resuming would change "
+                                  f"shapes")
+        layout = json.loads(attrs["layout"])
+        now = [[r.node, r.is_actor, r.is_learner] for r in self.topo.roles]
+        if layout != now:
+            raise ConfigError(f"ranks_per_node: the checkpoint was written by {len(layout)} ranks "
+                              f"laid out as {layout}; this run has {len(now)} laid out as {now}")
+
+
+def _digest(algo) -> str:
+    return hashlib.sha256(algo.get_flat_params().tobytes()).hexdigest()
 
 
 def _write_json(path: Path, obj) -> None:
