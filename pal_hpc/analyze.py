@@ -102,12 +102,11 @@ def run_stats(run: Run, threshold: float) -> dict:
     ev = evaluations(run)
     means = ev["mean_return"]
     hit = np.flatnonzero(means >= threshold)
-    best = [float(means.max())] if means.size else []
-    if summary.get("best_eval_return") is not None:
-        best.append(float(summary["best_eval_return"]))
     final = summary.get("final_eval_return")
     if final is None and means.size:
         final = float(means[-1])
+    best = [float(means.max())] if means.size else []
+    best += [float(v) for v in (summary.get("best_eval_return"), final) if v is not None]
     actor_tp, n_actors = role_throughput(m["system"], ACTOR_BIT, "env_steps_per_s")
     learner_tp, n_learners = role_throughput(m["system"], LEARNER_BIT, "updates_per_s")
     return {
@@ -248,6 +247,7 @@ def plot_scaling(runs: list[Run], stats: list[dict], path: Path) -> None:
                 ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4),
                             fontsize=8)
             lin = np.array(sorted(set(xs)), dtype=float)
+            ax.set_xticks(lin)
             ax.plot(lin, ys[0] * lin / xs[0], "--", color="grey", label="linear scaling")
         ax.set_xlabel("ranks")
         ax.set_ylabel(label)

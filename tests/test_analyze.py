@@ -169,7 +169,8 @@ def test_single_runs_default_out_threshold_and_curves_follow_data(runs, tmp_path
     tables = analyze_cli(runs["r1b"], "--threshold", "300", "--out", out)
     assert tables["r1b"]["env steps to 300"] == "30,000"
     assert tables["r1b"]["seconds to 300"] == "30.0 s"
-    assert tables["r1b"]["best eval return"] == "440.0"
+    # The summary's final evaluation (445) beats every logged one (440) and counts as best.
+    assert tables["r1b"]["best eval return"] == "445.0"
     assert tables["r1b"]["final eval return"] == "445.0"
     assert not (out / "scaling.png").exists()
     a = check_png(runs["r1"] / "learning_curve_steps.png")
@@ -177,9 +178,37 @@ def test_single_runs_default_out_threshold_and_curves_follow_data(runs, tmp_path
     assert a.shape == b.shape and np.abs(a - b).max() > 0.1
 
 
-def test_several_runs_default_out_is_analysis(runs, tmp_path):
-    # Same rank count twice: no scaling plot.
-    analyze_cli(runs["r1"], runs["r1b"], cwd=tmp_path)
+KILLED_WRITER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_analyze import write_run
+log = write_run(Path({run_dir!r}), 1, [3], [50, 200, 480, 470], 2000,
+                [(float(k), 0, 2000.0, 100.0, k / 10) for k in range(1, 6)])
+print("written", flush=True)
+time.sleep(60)
+"""
+
+
+def test_killed_run_and_several_runs_default_out(runs, tmp_path):
+    killed = tmp_path / "killed"
+    code = KILLED_WRITER.format(tests=str(ROOT / "tests"), run_dir=str(killed))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "written", proc.stderr.read()
+    finally:
+        proc.kill()                               # SIGKILL mid-run: no close, no summary
+        proc.wait(timeout=30)
+    tables = analyze_cli(runs["r1"], killed, cwd=tmp_path)
+    assert tables["killed"] == {
+        "status": "in progress or killed (no summary.json)", "ranks": "1",
+        "env steps": "20,000", "wall time": "10.0 s", "evaluations": "4",
+        "final eval return": "470.0", "best eval return": "480.0",
+        "env steps to 475": "15,000", "seconds to 475": "7.5 s",
+        "actor env steps/s (1 rank)": "2,000.0", "learner updates/s (1 rank)": "100.0",
+        "final replay fill": "50.0%"}
+    # Several runs go to ./analysis; one rank count only: no scaling plot.
     assert sorted(p.name for p in (tmp_path / "analysis").iterdir()) == sorted(PLOTS)
 
 

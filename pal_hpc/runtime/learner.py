@@ -3,10 +3,11 @@
 `Learner.step()` never blocks: it is a small state machine driven by the rank's
 main loop.  When the rate limit allows, it samples its node's replay, computes
 gradients and posts a non-blocking Allreduce of [gradient | contributors | stop
-vote] over all learners (every node); a later call that finds the reduction
-complete applies the averaged gradient.  Because the stop vote travels inside
-the same reduction, all learners take exactly the same steps and leave together,
-and a learner that has no data yet still joins a reduction that ends the run.
+vote | pause vote] over all learners (every node); a later call that finds the
+reduction complete applies the averaged gradient.  Because the votes travel
+inside the same reduction, all learners take exactly the same steps and stop --
+or pause for a checkpoint -- after the same one, and a learner that has no data
+yet still joins a reduction that ends the run or pauses it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class Learner:
         self.metrics: dict[str, float] = {}
         self.busy_seconds = 0.0
         n = algo.num_params
-        self._send = np.zeros(n + 2, np.float32)
-        self._recv = np.zeros(n + 2, np.float32)
+        self.paused = False                  # stopped after a pause vote, until resumed
+        self._send = np.zeros(n + 3, np.float32)
+        self._recv = np.zeros(n + 3, np.float32)
         self._req = None
         self._stop_posted = False
         if self.weights is not None:
@@ -47,9 +49,10 @@ class Learner:
             return False
         return self.replay.sampled() + self.cfg.batch_size <= self.cfg.replay_ratio * inserted
 
-    def step(self, stopping: bool, progress: float) -> bool:
-        """Advance; True if it did work.  `progress` in [0, 1] anneals beta."""
-        if self.done:
+    def step(self, stopping: bool, progress: float, pause: bool = False) -> bool:
+        """Advance; True if it did work.  `progress` in [0, 1] anneals beta; `pause`
+        asks every learner to stop after the same step (for a checkpoint)."""
+        if self.done or self.paused:
             return False
         if self._req is not None:
             if not self._req.Test():
@@ -57,9 +60,9 @@ class Learner:
             self._req = None
             self._finish()
             return True
-        if stopping:
+        if stopping or pause:
             self._send[:] = 0.0
-            self._send[-1] = 1.0
+            self._send[-2 if stopping else -1] = 1.0
             self._post()
             return True
         if not self.ready():
@@ -70,9 +73,8 @@ class Learner:
         grad, metrics, priorities = self.algo.compute_gradients(batch)
         self.replay.update_priorities(batch["indices"], priorities, batch["tickets"])
         self.metrics = metrics
-        self._send[:-2] = grad
-        self._send[-2] = 1.0
-        self._send[-1] = 0.0
+        self._send[:-3] = grad
+        self._send[-3:] = (1.0, 0.0, 0.0)
         self.busy_seconds += time.perf_counter() - t0
         self._post()
         return True
@@ -86,16 +88,18 @@ class Learner:
 
     def _finish(self) -> None:
         t0 = time.perf_counter()
-        contributors = float(self._recv[-2])
+        contributors, stop, pause = (float(v) for v in self._recv[-3:])
         if contributors > 0:
-            self.algo.apply_gradients(self._recv[:-2] / contributors)
+            self.algo.apply_gradients(self._recv[:-3] / contributors)
             self.updates += 1
             if self.updates % self.cfg.target_update == 0:
                 self.algo.sync_target()
             if self.weights is not None and self.updates % self.cfg.publish_every == 0:
                 self.weights.publish(self.algo.get_flat_params())
-        if self._recv[-1] > 0:
+        if stop > 0:
             self.done = True
             if self.weights is not None:
                 self.weights.publish(self.algo.get_flat_params())
+        elif pause > 0:
+            self.paused = True
         self.busy_seconds += time.perf_counter() - t0

@@ -60,6 +60,15 @@ class Coordinator:
         self.last_updates = 0.0
         self.target_hit: dict | None = None
         self.stop_reason = ""
+        self.last_checkpoint = start
+
+    def checkpoint_due(self) -> bool:
+        """True when --checkpoint-every seconds have passed since the last checkpoint."""
+        every = self.cfg.checkpoint_every
+        if every > 0 and time.monotonic() - self.last_checkpoint >= every:
+            self.last_checkpoint = time.monotonic()
+            return True
+        return False
 
     def observe(self, total: np.ndarray) -> bool:
         """Digest a completed round; True when the job should stop."""
@@ -157,6 +166,8 @@ class RankRun:
             self.stats.set(S.REPLAY_CAPACITY, self.replay.capacity)
         self.next_eval = cfg.eval_every if cfg.eval_every > 0 else float("inf")
         self.steps_sent = 0             # this actor's steps counted in the last round
+        self.checkpoints_done = 0       # mid-run checkpoints this rank took part in
+        self.ckpt_comm = self.world.Dup()   # checkpoint collectives never meet a stats round
         self.stop_asked = False
         self.coord = None
         self.start = 0.0
@@ -184,15 +195,34 @@ class RankRun:
                                    f"(PAL_HPC_INJECT_FAULT)")
             did = self._act() | self._learn()
             self._exchange()
+            if self._checkpoint_pending() and (self.learner is None or self.learner.paused):
+                self._checkpoint(self._totals())
+                self.checkpoints_done += 1
+                if self.learner is not None:
+                    self.learner.paused = False
+                did = True
             if self.stats.stopping and (self.learner is None or self.learner.done):
                 break
             if not did:
                 time.sleep(0.001)        # idle: give the core to a rank that has work
         return self._wind_down()
 
+    def _checkpoint_pending(self) -> bool:
+        """Rank 0 asked for a mid-run checkpoint that this rank has not taken yet."""
+        return (not self.stats.stopping
+                and self.stats.total[S.CHECKPOINTS] > self.checkpoints_done)
+
+    def _totals(self) -> np.ndarray:
+        totals = np.zeros(S.SIZE)
+        self.ckpt_comm.Allreduce(self.stats.mine, totals, op=MPI.SUM)
+        return totals
+
     def _act(self) -> bool:
         actor, stats, cfg = self.actor, self.stats, self.cfg
         if actor is None or stats.stopping or not actor.may_insert():
+            return False
+        if self._checkpoint_pending():
+            actor.flush()               # pause: the checkpoint needs a quiet buffer
             return False
         global_steps = stats.total[S.ENV_STEPS]
         if global_steps + (actor.steps - self.steps_sent) * self.n_actors >= cfg.total_steps:
@@ -217,7 +247,7 @@ class RankRun:
         if self.learner is None:
             return False
         progress = min(1.0, self.stats.total[S.ENV_STEPS] / self.cfg.total_steps)
-        did = self.learner.step(self.stats.stopping, progress)
+        did = self.learner.step(self.stats.stopping, progress, pause=self._checkpoint_pending())
         if self.me.learner_index == 0:
             self.stats.set(S.UPDATES, self.learner.updates)
         return did
@@ -233,6 +263,8 @@ class RankRun:
             if self.coord is not None and not self.stop_asked and self.coord.observe(stats.total):
                 stats.set(S.STOP, 1)
                 self.stop_asked = True
+            elif self.coord is not None and not self.stop_asked and self.coord.checkpoint_due():
+                stats.add(S.CHECKPOINTS, 1)
 
     def _announce(self) -> None:
         cfg, topo = self.cfg, self.topo
@@ -268,6 +300,7 @@ class RankRun:
         wait_all(world)
         self.weights.free()
         self.replay.close()
+        self.ckpt_comm.Free()
         return summary
 
     def _summary(self, totals: np.ndarray, final_eval: np.ndarray, identical: bool,
@@ -312,9 +345,11 @@ class RankRun:
 
     # -- checkpoints -------------------------------------------------------------
     def _checkpoint(self, totals: np.ndarray) -> str:
-        """Collective, at the end of the run (all ranks idle): replay files by each node's
-        first rank, then the main file by rank 0.  Returns the main file's path on rank 0."""
-        cfg, world, me = self.cfg, self.world, self.me
+        """Collective over every rank, at a safe point (learners paused after the same
+        step, actors between steps): replay files by each node's first rank, then the
+        main file by rank 0.  Returns the main file's path."""
+        cfg, world, me = self.cfg, self.ckpt_comm, self.me
+        wait_all(world)               # nobody on the node touches the replay from here on
         step = self.learner.updates if self.learner is not None else 0
         step = world.bcast(step, root=0)
         main = ckpt.main_path(cfg.resolved_run_dir(), step)
