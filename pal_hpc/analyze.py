@@ -150,7 +150,9 @@ def format_table(run: Run, stats: dict, threshold: float) -> str:
         (f"seconds to {threshold:g}", _fmt(stats["seconds_to_threshold"], ".1f", " s")),
         (f"actor env steps/s ({_ranks(stats['actor_ranks'])})",
          _fmt(stats["actor_env_steps_per_s"], ",.1f")),
-        (f"learner updates/s ({_ranks(stats['learner_ranks'])})",
+        # Learners step in lockstep, each on its own batch: summed, this counts the
+        # gradient batches computed per second over the job.
+        (f"learner gradient batches/s ({_ranks(stats['learner_ranks'])})",
          _fmt(stats["learner_updates_per_s"], ",.1f")),
         ("final replay fill", _fmt(None if stats["final_replay_fill"] is None
                                    else 100 * stats["final_replay_fill"], ".1f", "%")),

@@ -11,6 +11,7 @@ rank's traceback once and aborts the whole job, so nothing hangs.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         sys.stderr.write(f"pal_hpc: rank {rank} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
+        # Give the launcher a moment to forward the traceback before the abort tears
+        # its I/O down (without it the message is sometimes lost).
+        time.sleep(0.5)
         world.Abort(1)
     return 0
 

@@ -135,14 +135,14 @@ def test_three_runs_table_and_plots(runs, tmp_path):
         "status": "complete", "ranks": "1", "env steps": "50,000", "wall time": "52.3 s",
         "evaluations": "10", "final eval return": "498.5", "best eval return": "500.0",
         "env steps to 475": "35,000", "seconds to 475": "35.0 s",
-        "actor env steps/s (1 rank)": "1,000.0", "learner updates/s (1 rank)": "70.0",
+        "actor env steps/s (1 rank)": "1,000.0", "learner gradient batches/s (1 rank)": "70.0",
         "final replay fill": "50.0%"}
     assert tables["r2"] == {
         "status": "complete", "ranks": "2", "env steps": "50,000", "wall time": "28.1 s",
         "evaluations": "10", "final eval return": "500.0", "best eval return": "500.0",
         # 5th evaluation (480): 25,000 steps at 1,800 steps/s = 13.9 s
         "env steps to 475": "25,000", "seconds to 475": "13.9 s",
-        "actor env steps/s (1 rank)": "1,800.0", "learner updates/s (1 rank)": "150.0",
+        "actor env steps/s (1 rank)": "1,800.0", "learner gradient batches/s (1 rank)": "150.0",
         "final replay fill": "28.0%"}
     assert tables["r4"] == {
         "status": "in progress or killed (no summary.json)", "ranks": "4",
@@ -150,7 +150,7 @@ def test_three_runs_table_and_plots(runs, tmp_path):
         "env steps": "31,500", "wall time": "10.5 s", "evaluations": "6",
         "final eval return": "350.0", "best eval return": "350.0",
         "env steps to 475": "-", "seconds to 475": "-",
-        "actor env steps/s (3 ranks)": "3,000.0", "learner updates/s (1 rank)": "200.0",
+        "actor env steps/s (3 ranks)": "3,000.0", "learner gradient batches/s (1 rank)": "200.0",
         # last fills: ranks 0,1 at 10/40, ranks 2,3 at 10/20
         "final replay fill": "37.5%"}
     for name in PLOTS + ("scaling.png",):
@@ -206,7 +206,7 @@ def test_killed_run_and_several_runs_default_out(runs, tmp_path):
         "env steps": "20,000", "wall time": "10.0 s", "evaluations": "4",
         "final eval return": "470.0", "best eval return": "480.0",
         "env steps to 475": "15,000", "seconds to 475": "7.5 s",
-        "actor env steps/s (1 rank)": "2,000.0", "learner updates/s (1 rank)": "100.0",
+        "actor env steps/s (1 rank)": "2,000.0", "learner gradient batches/s (1 rank)": "100.0",
         "final replay fill": "50.0%"}
     # Several runs go to ./analysis; one rank count only: no scaling plot.
     assert sorted(p.name for p in (tmp_path / "analysis").iterdir()) == sorted(PLOTS)

@@ -3,9 +3,15 @@
 import json
 import time
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
+from pal_hpc.io.metrics import read_metrics
+
+
+def summary_episodes(m):
+    return len(m["episodes"])
 
 pytestmark = pytest.mark.mpi
 
@@ -44,6 +50,14 @@ def test_training_runs_end_to_end(mpi, tmp_path, nprocs, extra, nodes, actors, l
     assert "steps" in proc.stdout and "updates" in proc.stdout   # progress lines
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["total_steps"] == 3000
+    # The metrics log holds every stream, from every rank, and the run's attributes.
+    m = read_metrics(tmp_path / "run" / "metrics.h5")
+    assert m["attrs"]["layout"]["ranks"] == nprocs and m["attrs"]["config"]["total_steps"] == 3000
+    assert len(m["episodes"]) == summary_episodes(m) > 0
+    assert set(m["episodes"]["actor"]) == set(range(actors))
+    assert len(m["learner"]) > 0 and np.all(np.diff(m["learner"]["update"]) > 0)
+    assert len(m["evaluation"]) >= 1
+    assert set(m["system"]["rank"]) == set(range(nprocs))
 
 
 def test_failure_on_one_rank_ends_the_job(mpi, tmp_path):

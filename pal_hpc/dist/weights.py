@@ -57,14 +57,19 @@ class WeightStore:
             raise ValueError(f"read: out must be a contiguous float32 array of {self.n_params}")
         deadline = time.monotonic() + timeout
         view = out.view(np.uint8)
+        tries = 0
         while True:
             v = seqlock_read(self._seq, view, self._data)
             if v:
                 return int(v)
+            tries += 1
             if time.monotonic() > deadline:
                 raise TimeoutError("no weights were published within "
                                    f"{timeout:.0f} s (is a learner running on this node?)")
-            time.sleep(0.0005)
+            # A publication overlapped the copy: retry at once a few times (the writer is
+            # usually done), then back off so a descheduled writer can finish.
+            if tries > 8:
+                time.sleep(0.0002)
 
     def free(self) -> None:
         """Release the window (collective over the node communicator)."""

@@ -76,17 +76,28 @@ class MetricsLog:
     The file is truncated if it exists.  Use as a context manager.
     """
 
-    def __init__(self, path: str | Path, attrs: dict, flush_every: float = 5.0):
+    def __init__(self, path: str | Path, attrs: dict, flush_every: float = 5.0,
+                 append_existing: bool = False):
         self.path = Path(path)
         self.flush_every = float(flush_every)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         stored = {key: _attr_value(key, value) for key, value in attrs.items()}
-        self._file = h5py.File(self.path, "w", libver=LIBVER)
+        # A resumed run continues the log it started (same streams, rows appended).
+        reopen = append_existing and self.path.exists()
+        self._file = h5py.File(self.path, "a" if reopen else "w", libver=LIBVER)
         try:
-            self._datasets = {
-                name: self._file.create_dataset(name, shape=(0,), maxshape=(None,),
-                                                chunks=(CHUNK_ROWS,), dtype=dtype)
-                for name, dtype in STREAMS.items()}
+            if reopen:
+                missing = [name for name in STREAMS if name not in self._file]
+                if missing:
+                    raise ValueError(f"{self.path}: not a metrics log (no {missing})")
+                self._datasets = {name: self._file[name] for name in STREAMS}
+                resumes = json.loads(self._file.attrs.get("resumes", "[]") or "[]")
+                stored = {"resumes": json.dumps(resumes + [stored.get("start_time", "")])}
+            else:
+                self._datasets = {
+                    name: self._file.create_dataset(name, shape=(0,), maxshape=(None,),
+                                                    chunks=(CHUNK_ROWS,), dtype=dtype)
+                    for name, dtype in STREAMS.items()}
             for key, value in stored.items():
                 self._file.attrs[key] = value
             # From here on no new objects or attributes may be created: only appends.
@@ -94,7 +105,7 @@ class MetricsLog:
         except BaseException:
             self._file.close()
             raise
-        self._rows = {name: 0 for name in STREAMS}
+        self._rows = {name: int(self._datasets[name].shape[0]) for name in STREAMS}
         self._last_flush = time.monotonic()
 
     def rows(self, stream: str) -> int:

@@ -5,6 +5,8 @@ has published a newer version (one atomic load per step, no MPI call)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pal_hpc.runtime.envs import make_env, obs_info
@@ -47,6 +49,7 @@ class Actor:
         self._pending: list[tuple] = []
         self.steps = 0
         self.finished: list[tuple[float, int]] = []   # (return, length) since last drained
+        self.insert_times: list[float] = []            # seconds per replay.add, for telemetry
 
     def may_insert(self) -> bool:
         """Rate limit (actor side, like Reverb's): stay within a small slack of what the
@@ -93,6 +96,7 @@ class Actor:
             return
         obs, action, ret, next_obs, discount = zip(*self._pending)
         spec = self.replay.spec
+        t0 = time.perf_counter()
         self.replay.add(self.region, {
             "obs": np.asarray(obs, dtype=spec["obs"][1]),
             "action": np.asarray(action, dtype=np.int64),
@@ -100,6 +104,7 @@ class Actor:
             "next_obs": np.asarray(next_obs, dtype=spec["next_obs"][1]),
             "discount": np.asarray(discount, dtype=np.float32),
         })
+        self.insert_times.append(time.perf_counter() - t0)
         self._pending.clear()
 
     def drain_episodes(self) -> list[tuple[float, int]]:

@@ -32,6 +32,7 @@ class Learner:
         self.done = False
         self.metrics: dict[str, float] = {}
         self.busy_seconds = 0.0
+        self.sample_times: list[float] = []     # seconds per replay.sample, for telemetry
         n = algo.num_params
         self.paused = False                  # stopped after a pause vote, until resumed
         self._send = np.zeros(n + 3, np.float32)
@@ -70,6 +71,7 @@ class Learner:
         t0 = time.perf_counter()
         beta = self.cfg.per_beta + (1.0 - self.cfg.per_beta) * min(1.0, progress)
         batch = self.replay.sample(self.cfg.batch_size, beta=beta)
+        self.sample_times.append(time.perf_counter() - t0)
         grad, metrics, priorities = self.algo.compute_gradients(batch)
         self.replay.update_priorities(batch["indices"], priorities, batch["tickets"])
         self.metrics = metrics

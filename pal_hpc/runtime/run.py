@@ -35,6 +35,9 @@ from pal_hpc.runtime.actor import Actor, evaluate
 from pal_hpc.runtime.envs import make_env, obs_info
 from pal_hpc.runtime.learner import Learner
 from pal_hpc.runtime.nstep import transition_spec
+from pal_hpc.runtime.telemetry import Telemetry, percentile_ms, rss_mb
+from pal_hpc.io.metrics import MetricsLog, run_attributes
+from pal_hpc.io.schema import EVALUATION
 
 
 def wait_all(comm: MPI.Comm, timeout: float = 600.0) -> None:
@@ -50,8 +53,9 @@ def wait_all(comm: MPI.Comm, timeout: float = 600.0) -> None:
 class Coordinator:
     """Rank 0's view of the job: progress lines, evaluations, the stop decision."""
 
-    def __init__(self, cfg, start: float, evals: list | None = None):
+    def __init__(self, cfg, start: float, evals: list | None = None, telemetry=None):
         self.cfg = cfg
+        self.telemetry = telemetry
         self.start = start
         self.evals: list[dict] = list(evals or [])
         self.recent = deque(maxlen=100)         # (sum, count) of episode returns per round
@@ -80,6 +84,10 @@ class Coordinator:
             rec = {"env_steps": int(total[S.EVAL_STEP]), "wall_s": round(now - self.start, 3),
                    "mean_return": float(mean), "episodes": int(total[S.EVAL_COUNT])}
             self.evals.append(rec)
+            if self.telemetry is not None:
+                var = max(total[S.EVAL_SUMSQ] / total[S.EVAL_COUNT] - mean * mean, 0.0)
+                self.telemetry.record("evaluation", (rec["env_steps"], rec["wall_s"], mean,
+                                                     var ** 0.5, rec["episodes"]))
             print(f"[{now - self.start:8.1f}s] eval  steps {rec['env_steps']:>9,}  "
                   f"greedy return {mean:8.1f} over {rec['episodes']} episodes", flush=True)
             if (self.cfg.target_return is not None and self.target_hit is None
@@ -167,6 +175,9 @@ class RankRun:
         self.next_eval = cfg.eval_every if cfg.eval_every > 0 else float("inf")
         self.steps_sent = 0             # this actor's steps counted in the last round
         self.checkpoints_done = 0       # mid-run checkpoints this rank took part in
+        self.hosts = self.world.gather(MPI.Get_processor_name(), root=0)
+        self.telemetry = Telemetry(self.world.Dup())
+        self._sys_last = (time.monotonic(), 0, 0)
         self.ckpt_comm = self.world.Dup()   # checkpoint collectives never meet a stats round
         self.stop_asked = False
         self.coord = None
@@ -186,7 +197,9 @@ class RankRun:
         wait_all(self.world)
         self.start = time.monotonic() - self.restored.get("wall_s", 0.0)
         if self.world.Get_rank() == 0:
-            self.coord = Coordinator(self.cfg, self.start, self.restored.get("evals"))
+            self.telemetry.log = self._open_log()
+            self.coord = Coordinator(self.cfg, self.start, self.restored.get("evals"),
+                                     self.telemetry)
             self._announce()
         fault_after = _fault_injection(self.world.Get_rank())
         while True:
@@ -195,6 +208,8 @@ class RankRun:
                                    f"(PAL_HPC_INJECT_FAULT)")
             did = self._act() | self._learn()
             self._exchange()
+            self._system_row()
+            self.telemetry.poll()
             if self._checkpoint_pending() and (self.learner is None or self.learner.paused):
                 self._checkpoint(self._totals())
                 self.checkpoints_done += 1
@@ -229,15 +244,19 @@ class RankRun:
             return False                 # this actor's share of the budget is spent
         actor.step(max(global_steps, actor.steps * self.n_actors))
         stats.set(S.ENV_STEPS, actor.steps)
-        for ret, _ in actor.drain_episodes():
+        now = time.monotonic() - self.start
+        for ret, length in actor.drain_episodes():
             stats.add(S.EPISODES, 1)
             stats.add(S.RETURN_SUM, ret)
             stats.add(S.RETURN_COUNT, 1)
+            self.telemetry.record("episodes", (int(max(global_steps, actor.steps * self.n_actors)),
+                                               now, self.me.actor_index, ret, length))
         if self.evaluator and global_steps >= self.next_eval and stats.mine[S.EVAL_COUNT] == 0:
             actor.pull_weights()
             returns = evaluate(cfg, self.policy, cfg.eval_episodes,
                                seed=cfg.seed + 10**6 + int(global_steps))
             stats.add(S.EVAL_SUM, returns.sum())
+            stats.add(S.EVAL_SUMSQ, (returns ** 2).sum())
             stats.add(S.EVAL_COUNT, len(returns))
             stats.add(S.EVAL_STEP, global_steps)
             self.next_eval = (global_steps // cfg.eval_every + 1) * cfg.eval_every
@@ -247,9 +266,17 @@ class RankRun:
         if self.learner is None:
             return False
         progress = min(1.0, self.stats.total[S.ENV_STEPS] / self.cfg.total_steps)
+        before = self.learner.updates
         did = self.learner.step(self.stats.stopping, progress, pause=self._checkpoint_pending())
         if self.me.learner_index == 0:
             self.stats.set(S.UPDATES, self.learner.updates)
+            u = self.learner.updates
+            if u != before and u % 10 == 0 and self.learner.metrics:
+                m = self.learner.metrics
+                self.telemetry.record("learner", (
+                    u, time.monotonic() - self.start, int(self.stats.total[S.ENV_STEPS]),
+                    m.get("loss", np.nan), m.get("td_abs_mean", np.nan), m.get("q_mean", np.nan),
+                    m.get("grad_norm", np.nan), self.cfg.lr))
         return did
 
     def _exchange(self) -> None:
@@ -266,6 +293,37 @@ class RankRun:
             elif self.coord is not None and not self.stop_asked and self.coord.checkpoint_due():
                 stats.add(S.CHECKPOINTS, 1)
 
+    def _open_log(self) -> MetricsLog:
+        cfg, topo = self.cfg, self.topo
+        layout = {"ranks": self.world.Get_size(), "nodes": topo.n_nodes,
+                  "actors": self.n_actors, "learners": self.n_learners,
+                  "roles": [[r.rank, r.node, int(r.is_actor), int(r.is_learner)] for r in topo.roles]}
+        attrs = run_attributes(config_to_dict(cfg), layout, self.hosts,
+                               MPI.Get_library_version().strip())
+        return MetricsLog(Path(cfg.resolved_run_dir()) / "metrics.h5", attrs,
+                          append_existing=bool(self.resumed_from))
+
+    def _system_row(self, force: bool = False) -> None:
+        """About every 2 s (and once at the end): this rank's throughput, replay fill,
+        latencies and memory."""
+        now = time.monotonic()
+        last, steps0, updates0 = self._sys_last
+        if now - last < 2.0 and not force:
+            return
+        steps = self.actor.steps if self.actor is not None else 0
+        updates = self.learner.updates if self.learner is not None else 0
+        ins = self.actor.insert_times if self.actor is not None else []
+        smp = self.learner.sample_times if self.learner is not None else []
+        role = (1 if self.me.is_actor else 0) + (2 if self.me.is_learner else 0)
+        self.telemetry.record("system", (
+            now - self.start, self.world.Get_rank(), role, (steps - steps0) / (now - last),
+            (updates - updates0) / (now - last), self.replay.size() / self.replay.capacity,
+            percentile_ms(smp, 50), percentile_ms(smp, 99), percentile_ms(ins, 50),
+            percentile_ms(ins, 99), rss_mb()))
+        ins.clear()
+        smp.clear()
+        self._sys_last = (now, steps, updates)
+
     def _announce(self) -> None:
         cfg, topo = self.cfg, self.topo
         print(f"pal_hpc: {cfg.algo} on {cfg.env}: {self.world.Get_size()} ranks, "
@@ -278,6 +336,8 @@ class RankRun:
         world, cfg = self.world, self.cfg
         if self.actor is not None:
             self.actor.flush()
+        self._system_row(force=True)
+        self.telemetry.close()
         self.stats.finish()
         wait_all(world)               # now every learner has published its final weights
         final_eval = np.zeros(2)
@@ -298,6 +358,9 @@ class RankRun:
         if self.actor is not None:
             self.actor.close()
         wait_all(world)
+        if self.telemetry.log is not None:
+            self.telemetry.log.close()
+        self.telemetry.comm.Free()
         self.weights.free()
         self.replay.close()
         self.ckpt_comm.Free()
@@ -309,6 +372,10 @@ class RankRun:
         wall = time.monotonic() - self.start
         coord.observe(totals)           # episodes and evaluations since the last round
         final_mean = float(final_eval[0] / final_eval[1]) if final_eval[1] else None
+        if final_mean is not None and self.telemetry.log is not None:
+            self.telemetry.log.append("evaluation", np.array(
+                [(int(totals[S.ENV_STEPS]), wall, final_mean, np.nan, int(final_eval[1]))],
+                dtype=EVALUATION))
         means = [e["mean_return"] for e in coord.evals]
         means += [final_mean] if final_mean is not None else []
         hit = coord.target_hit

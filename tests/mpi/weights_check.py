@@ -27,6 +27,7 @@ def main():
         while time.monotonic() < deadline:
             stamp += 1
             store.publish(np.full(N, stamp, np.float32))
+            time.sleep(0.0002)          # learners publish every few updates, not back to back
     else:
         out = np.empty(N, np.float32)
         last = 0
