@@ -15,14 +15,7 @@ import time
 
 import numpy as np
 from cpprb import MPPrioritizedReplayBuffer
-
-# Same literal as SPECS in bench/replay_worker.py.
-SPECS = {
-    "cartpole": {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
-                 "next_obs": ((4,), np.float32), "done": ((), np.bool_)},
-    "atari": {"obs": ((84, 84, 4), np.uint8), "action": ((), np.int64), "reward": ((), np.float32),
-              "next_obs": ((84, 84, 4), np.uint8), "done": ((), np.bool_)},
-}
+from replay_data import SPECS, make_batch
 
 ADD_BATCH = 64
 SAMPLE_BATCH = 256
@@ -37,18 +30,6 @@ def env_dict(spec):
     # cpprb wants {"name": {"shape": ..., "dtype": ...}}; scalars are shape 1.
     return {name: {"shape": shape if shape else 1, "dtype": dtype}
             for name, (shape, dtype) in spec.items()}
-
-
-def make_batch(spec, n, rng):
-    out = {}
-    for name, (shape, dtype) in spec.items():
-        if dtype == np.bool_:
-            out[name] = rng.random((n,) + shape) < 0.05
-        elif np.issubdtype(dtype, np.integer):
-            out[name] = rng.integers(0, 255, (n,) + shape).astype(dtype)
-        else:
-            out[name] = rng.random((n,) + shape).astype(dtype)
-    return out
 
 
 def writer(rank, rb, kind, seconds, barrier, stop, results):

@@ -16,13 +16,8 @@ from mpi4py import MPI
 
 from pal_hpc.dist import node_comm
 from pal_hpc.replay import SharedReplay
+from replay_data import SPECS, make_batch
 
-SPECS = {
-    "cartpole": {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
-                 "next_obs": ((4,), np.float32), "done": ((), np.bool_)},
-    "atari": {"obs": ((84, 84, 4), np.uint8), "action": ((), np.int64), "reward": ((), np.float32),
-              "next_obs": ((84, 84, 4), np.uint8), "done": ((), np.bool_)},
-}
 
 
 def wait_all(comm):
@@ -30,18 +25,6 @@ def wait_all(comm):
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(0.0005)
-
-
-def make_batch(spec, n, rng):
-    out = {}
-    for name, (shape, dtype) in spec.items():
-        if dtype == np.bool_:
-            out[name] = rng.random((n,) + shape) < 0.05
-        elif np.issubdtype(dtype, np.integer):
-            out[name] = rng.integers(0, 255, (n,) + shape).astype(dtype)
-        else:
-            out[name] = rng.random((n,) + shape).astype(dtype)
-    return out
 
 
 def main():

@@ -108,8 +108,9 @@ class Config:
     progress_every: float = _f(5.0, "seconds between progress lines")
 
     # Checkpoints and resume.
-    resume: str = _f("", "resume from 'latest' (the newest valid checkpoint in run_dir) or "
-                         "from a checkpoint file's path; empty = start fresh")
+    resume: str = _f("", "resume from 'latest' (the newest valid checkpoint in run_dir), "
+                         "'auto' (latest if there is one, else start fresh: for requeued "
+                         "jobs) or a checkpoint file's path; empty = start fresh")
     checkpoint_every: float = _f(0.0, "seconds between checkpoints while training (0 = only "
                                       "at the end and on SIGTERM/SIGUSR1)")
     keep_checkpoints: int = _f(3, "newest checkpoints kept in <run_dir>/checkpoints")

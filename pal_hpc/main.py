@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:         # argparse: --help, or an unknown flag
         return int(exc.code or 0)
 
-    if not cfg.run_dir and cfg.resume not in ("", "latest"):
+    if not cfg.run_dir and cfg.resume not in ("", "latest", "auto"):
         cfg.run_dir = str(Path(cfg.resume).resolve().parent.parent)   # the checkpoint's run
     if not cfg.run_dir:               # one timestamped directory for the whole job
         cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)

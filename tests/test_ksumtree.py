@@ -1,5 +1,6 @@
 """KSumTree against the numpy reference, and the sampling distribution."""
 
+import contextlib
 import math
 import os
 import time
@@ -208,20 +209,41 @@ def test_attach_sees_the_same_tree():
     assert a.total() == 0.0
 
 
-def test_attach_across_processes():
-    """A tree in shared memory, updated by a forked child, read by the parent."""
-    import multiprocessing as mp
+@contextlib.contextmanager
+def shared_tree(cap, k):
+    """A fresh KSumTree in a named shared-memory block; yields (tree, name, offset, nbytes)
+    so a forked child can attach to the same memory."""
     from multiprocessing import shared_memory
 
-    cap, k = 10_000, 16
     nbytes = KSumTree.nbytes(cap, k)
     shm = shared_memory.SharedMemory(create=True, size=nbytes + 64)
     try:
         raw = np.ndarray((nbytes + 64,), np.uint8, buffer=shm.buf)
         offset = (-raw.ctypes.data) % 64
         tree = KSumTree(cap, k, buffer=raw[offset:offset + nbytes])
-        ctx = mp.get_context("fork")
-        proc = ctx.Process(target=_child_updates, args=(shm.name, offset, nbytes, cap, k))
+        yield tree, shm.name, offset, nbytes
+        del raw, tree
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+def attach_in_child(name, offset, nbytes, cap, k):
+    """The child's side of `shared_tree`: (tree, shm) -- close shm when done."""
+    from multiprocessing import shared_memory
+    shm = shared_memory.SharedMemory(name=name)
+    raw = np.ndarray((nbytes + 64,), np.uint8, buffer=shm.buf)
+    return KSumTree.attach(raw[offset:offset + nbytes], cap, k), shm
+
+
+def test_attach_across_processes():
+    """A tree in shared memory, updated by a forked child, read by the parent."""
+    import multiprocessing as mp
+
+    cap, k = 10_000, 16
+    with shared_tree(cap, k) as (tree, name, offset, nbytes):
+        proc = mp.get_context("fork").Process(target=_child_updates,
+                                              args=(name, offset, nbytes, cap, k))
         proc.start()
         proc.join(60)
         assert proc.exitcode == 0
@@ -229,20 +251,13 @@ def test_attach_across_processes():
         expected[np.arange(0, cap, 7)] = np.arange(0, cap, 7) * 0.5
         assert tree.total() == pytest.approx(expected.sum(), rel=1e-12)
         np.testing.assert_array_equal(tree.get(np.arange(cap)), expected.astype(np.float32))
-        del raw, tree
-    finally:
-        shm.close()
-        shm.unlink()
 
 
 def _child_updates(name, offset, nbytes, cap, k):
-    from multiprocessing import shared_memory
-    shm = shared_memory.SharedMemory(name=name)
-    raw = np.ndarray((nbytes + 64,), np.uint8, buffer=shm.buf)
-    tree = KSumTree.attach(raw[offset:offset + nbytes], cap, k)
+    tree, shm = attach_in_child(name, offset, nbytes, cap, k)
     idx = np.arange(0, cap, 7)
     tree.update(idx, idx * 0.5)
-    del tree, raw
+    del tree
     shm.close()
 
 
@@ -270,19 +285,13 @@ def test_sampling_while_another_process_updates(cap):
     the descent reads half-applied updates, yet every index it returns is a real leaf
     (capacities with padding: a torn group once led a descent into a padding node)."""
     import multiprocessing as mp
-    from multiprocessing import shared_memory
 
     k = 16
-    nbytes = KSumTree.nbytes(cap, k)
-    shm = shared_memory.SharedMemory(create=True, size=nbytes + 64)
-    try:
-        raw = np.ndarray((nbytes + 64,), np.uint8, buffer=shm.buf)
-        offset = (-raw.ctypes.data) % 64
-        tree = KSumTree(cap, k, buffer=raw[offset:offset + nbytes])
+    with shared_tree(cap, k) as (tree, name, offset, nbytes):
         tree.update(np.arange(cap), 1.0)
-        stop = mp.get_context("fork").Event()
-        proc = mp.get_context("fork").Process(
-            target=_child_hammers, args=(shm.name, offset, nbytes, cap, k, stop))
+        ctx = mp.get_context("fork")
+        stop = ctx.Event()
+        proc = ctx.Process(target=_child_hammers, args=(name, offset, nbytes, cap, k, stop))
         proc.start()
         try:
             rng = np.random.default_rng(0)
@@ -300,23 +309,16 @@ def test_sampling_while_another_process_updates(cap):
             stop.set()
             proc.join(30)
         assert proc.exitcode == 0
-        del raw, tree
-    finally:
-        shm.close()
-        shm.unlink()
 
 
 def _child_hammers(name, offset, nbytes, cap, k, stop):
-    from multiprocessing import shared_memory
-    shm = shared_memory.SharedMemory(name=name)
-    raw = np.ndarray((nbytes + 64,), np.uint8, buffer=shm.buf)
-    tree = KSumTree.attach(raw[offset:offset + nbytes], cap, k)
+    tree, shm = attach_in_child(name, offset, nbytes, cap, k)
     rng = np.random.default_rng(1)
     while not stop.is_set():
         p = rng.random(256) * 10.0 ** rng.integers(-3, 3)
         p[rng.random(256) < 0.3] = 0.0
         tree.update(rng.integers(0, cap, 256), p)
-    del tree, raw
+    del tree
     shm.close()
 
 

@@ -96,3 +96,15 @@ def test_resume_refuses_other_shapes_and_skips_corrupt(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "warning" in proc.stdout and "skipping checkpoint" in proc.stdout
     assert summary(run_dir)["resumed_from"] == good
+
+
+def test_resume_auto_starts_fresh_then_resumes(tmp_path):
+    """What a requeued SLURM job does: the same command line twice."""
+    run_dir = tmp_path / "run"
+    first = run(main_cmd(2, run_dir, "--total-steps", "1500", "--resume", "auto"))
+    assert first.returncode == 0, first.stderr
+    assert summary(run_dir)["resumed_from"] is None
+    second = run(main_cmd(2, run_dir, "--total-steps", "3000", "--resume", "auto"))
+    assert second.returncode == 0, second.stderr
+    assert summary(run_dir)["resumed_from"] is not None
+    assert summary(run_dir)["env_steps"] >= 3000

@@ -143,8 +143,11 @@ class SharedReplay:
             self._columns[name] = raw.view(dtype).reshape((self.capacity,) + shape)
 
         if creator:
+            # Touch every page once now (zeroing the columns too), so that actors never
+            # take a page fault on the insert path: for a multi-GiB Atari buffer, first
+            # touches otherwise cost more than the copies themselves.
+            mem.fill(0)
             self._tree = KSumTree(self.capacity, fanout, buffer=tree_mem)
-            self._seq[:] = 0
         if comm is not None:
             comm.Barrier()
         if not creator:

@@ -484,7 +484,9 @@ class RankRun:
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    if cfg.resume == "latest":
+                    if cfg.resume == "auto" and not ckpt.list_checkpoints(cfg.resolved_run_dir()):
+                        found = None                 # a first start: nothing to resume
+                    elif cfg.resume in ("latest", "auto"):
                         found = str(ckpt.latest_valid(cfg.resolved_run_dir()))
                     else:
                         ckpt.verify_all(Path(cfg.resume))
@@ -496,6 +498,8 @@ class RankRun:
         found, err = world.bcast((found, err), root=0)
         if err:
             raise ConfigError(f"resume: {err}")
+        if found is None:
+            return
         with h5py.File(found, "r") as f:
             self._check_fits(f.attrs)
             if self.learner is not None:
