@@ -74,14 +74,14 @@ class Config:
     batch_size: int = _f(64, "transitions per learner gradient step")
     learning_starts: int = _f(1_000, "transitions a node's buffer holds before its "
                                      "learners start")
-    replay_ratio: float = _f(16.0, "sampled transitions per inserted transition "
+    replay_ratio: float = _f(32.0, "sampled transitions per inserted transition "
                                   "(Reverb-style rate limit)")
 
     # DQN.
-    lr: float = _f(1e-3, "Adam learning rate")
+    lr: float = _f(2.3e-3, "Adam learning rate")
     gamma: float = _f(0.99, "discount factor, in (0, 1]")
     n_step: int = _f(3, "steps of the n-step return")
-    target_update: int = _f(100, "learner steps between target-network syncs")
+    target_update: int = _f(50, "learner steps between target-network syncs")
     publish_every: int = _f(10, "learner steps between weight publications to actors")
     hidden: list[int] = _f([256, 256], "hidden layer widths of the Q-network")
     dueling: bool = _f(False, "dueling Q-network head")
@@ -98,8 +98,8 @@ class Config:
 
     # Exploration.
     eps_start: float = _f(1.0, "initial epsilon of epsilon-greedy")
-    eps_final: float = _f(0.05, "final epsilon (of actor 0 when eps_spread > 0)")
-    exploration_steps: int = _f(10_000, "global env steps of linear epsilon decay")
+    eps_final: float = _f(0.04, "final epsilon (of actor 0 when eps_spread > 0)")
+    exploration_steps: int = _f(8_000, "global env steps of linear epsilon decay")
     eps_spread: float = _f(3.0, "actor i of N ends at eps_final ** (1 + eps_spread * i / "
                                 "(N-1)), Ape-X style (0 = all actors equal)")
 

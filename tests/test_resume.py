@@ -12,6 +12,7 @@ import h5py
 import pytest
 
 from conftest import MPIEXEC, ROOT
+from pal_hpc.io.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.mpi
 
@@ -108,3 +109,20 @@ def test_resume_auto_starts_fresh_then_resumes(tmp_path):
     assert second.returncode == 0, second.stderr
     assert summary(run_dir)["resumed_from"] is not None
     assert summary(run_dir)["env_steps"] >= 3000
+
+
+def test_periodic_checkpoints_and_a_clean_resume(tmp_path):
+    """--checkpoint-every writes checkpoints while training (learners pause after the
+    same step); a resumed run does not replay the old run's checkpoint requests."""
+    run_dir = tmp_path / "run"
+    proc = run(main_cmd(2, run_dir, "--total-steps", "6000", "--checkpoint-every", "0.5",
+                        "--keep-checkpoints", "100"))
+    assert proc.returncode == 0, proc.stderr
+    first = list_checkpoints(run_dir)
+    assert len(first) >= 3                       # several mid-run ones, and the final one
+    proc = run(main_cmd(2, run_dir, "--total-steps", "8000", "--resume", "latest",
+                        "--keep-checkpoints", "100"))
+    assert proc.returncode == 0, proc.stderr
+    second = list_checkpoints(run_dir)
+    assert len(second) == len(first) + 1         # only the resumed run's final checkpoint
+    assert summary(run_dir)["learner_params_identical"]

@@ -6,7 +6,6 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT
 from pal_hpc.io.metrics import read_metrics
 
 
@@ -17,7 +16,7 @@ pytestmark = pytest.mark.mpi
 
 SMALL = ["--total-steps", "3000", "--learning-starts", "500", "--eval-every", "1000",
          "--eval-episodes", "3", "--hidden", "32", "32", "--replay-capacity", "5000",
-         "--progress-every", "1"]
+         "--progress-every", "1", "--replay-ratio", "16"]
 KEYS = {"env_steps", "updates", "wall_s", "best_eval_return", "final_eval_return",
         "time_to_target_s", "steps_to_target", "ranks", "actors", "learners"}
 

@@ -509,7 +509,9 @@ class RankRun:
                     self.learner.weights.publish(self.learner.algo.get_flat_params())
             g = f[f"ranks/rank_{world.Get_rank()}"]
             self.stats.mine[:] = json.loads(g.attrs["stats"])[:S.SIZE]
-            self.stats.mine[S.PREEMPT] = self.stats.mine[S.STOP] = 0.0
+            # Requests of the old run (stop, preemption, checkpoints) are not this run's.
+            for slot in (S.PREEMPT, S.STOP, S.CHECKPOINTS):
+                self.stats.mine[slot] = 0.0
             torch.set_rng_state(torch.from_numpy(np.array(g["torch_rng"][()])))
             if self.actor is not None:
                 self.actor.steps = int(g.attrs["actor_steps"])
