@@ -16,15 +16,9 @@ from mpi4py import MPI
 
 from pal_hpc.dist import node_comm
 from pal_hpc.replay import SharedReplay
+from pal_hpc.runtime.run import wait_all
 from replay_data import SPECS, make_batch
 
-
-
-def wait_all(comm):
-    """A barrier that sleeps instead of busy-polling (ranks may outnumber cores)."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.0005)
 
 
 def main():
