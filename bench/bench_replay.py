@@ -25,24 +25,26 @@ MPIEXEC = Path(sys.executable).with_name("mpiexec")
 PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 
 
-def ours(writers: int, kind: str, capacity: int, seconds: float, rate: float = 0.0) -> dict:
+def ours(writers: int, kind: str, capacity: int, seconds: float, rate: float = 0.0,
+         prefill: float = 1.0) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
     cmd = [str(MPIEXEC), "-n", str(writers + 1), sys.executable, "-m", "mpi4py",
            str(ROOT / "bench" / "replay_worker.py"), "--writers", str(writers),
            "--kind", kind, "--capacity", str(capacity), "--seconds", str(seconds),
-           "--writer-rate", str(rate)]
+           "--writer-rate", str(rate), "--prefill", str(prefill)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def peer(writers: int, kind: str, capacity: int, seconds: float) -> dict | None:
+def peer(writers: int, kind: str, capacity: int, seconds: float,
+         prefill: float = 1.0) -> dict | None:
     script = ROOT / "bench" / "peer_replay.py"
     if not PEER_PYTHON.exists():
         return None
     cmd = [str(PEER_PYTHON), str(script), "--writers", str(writers), "--kind", kind,
-           "--capacity", str(capacity), "--seconds", str(seconds)]
+           "--capacity", str(capacity), "--seconds", str(seconds), "--prefill", str(prefill)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     if out.returncode != 0:
@@ -54,17 +56,21 @@ def peer(writers: int, kind: str, capacity: int, seconds: float) -> dict | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--prefill", type=float, default=1.0,
+                    help="fraction of the buffer filled before every pal_hpc run (default: "
+                         "full, the steady state of training; solo and concurrent runs alike)")
     ap.add_argument("--quick", action="store_true", help="1 s runs, CartPole only")
     ap.add_argument("--json", type=Path, help="also write every measurement to this file")
     args = ap.parse_args()
     seconds = 1.0 if args.quick else args.seconds
     cases = [("cartpole", 1 << 20)] + ([] if args.quick else [("atari", 1 << 16)])
     print(f"SharedReplay benchmark: {os.cpu_count()} cores, {seconds:.0f} s per run, learner "
-          f"batch 256, writers add 64 per call; ranks > cores oversubscribe")
+          f"batch 256, writers add 64 per call; buffer {args.prefill:.0%} full before each "
+          f"run; ranks > cores oversubscribe")
     records = []
     for kind, cap in cases:
-        alone = ours(0, kind, cap, seconds)
-        peer_alone = peer(0, kind, cap, seconds)
+        alone = ours(0, kind, cap, seconds, prefill=args.prefill)
+        peer_alone = peer(0, kind, cap, seconds, args.prefill)
         solo = alone["learner_cycles_per_s"]
         print(f"\n{kind}, capacity {cap}: {alone['bytes_per_transition']:.0f} bytes/transition "
               f"({alone['bytes_per_transition'] * cap / 2**30:.2f} GiB per node)")
@@ -77,10 +83,10 @@ def main() -> int:
               f"{'learner/s':>10} {'of solo':>7} {'cpprb':>6}")
         records.append(dict(kind=kind, writers=0, ours=alone, cpprb=peer_alone))
         for w in (1, 2, 4):
-            p = peer(w, kind, cap, seconds)
-            flat = ours(w, kind, cap, seconds)
+            p = peer(w, kind, cap, seconds, args.prefill)
+            flat = ours(w, kind, cap, seconds, prefill=args.prefill)
             target = 10 * p["inserts_per_s"] if p else 1e6
-            paced = ours(w, kind, cap, seconds, rate=target / w)
+            paced = ours(w, kind, cap, seconds, rate=target / w, prefill=args.prefill)
             records.append(dict(kind=kind, writers=w, ours=flat, paced=paced, cpprb=p))
             for mode, r in (("flat out", flat), ("paced", paced)):
                 ratio = f"{r['inserts_per_s'] / p['inserts_per_s']:6.1f}x" if p else f"{'-':>7}"

@@ -3,7 +3,8 @@
 W writer processes add pre-generated batches of 64 transitions to one cpprb
 MPPrioritizedReplayBuffer (shared memory); the main process is the learner and
 samples 256 + updates their priorities.  Same protocol as replay_worker.py:
-prefill a tenth of the capacity, then everyone runs for `--seconds`; rates are
+fill `--prefill` of the capacity (all of it by default), then everyone runs for
+`--seconds`; rates are
 count / own elapsed time, writers summed.  Prints one JSON line on stdout.
 """
 
@@ -53,6 +54,7 @@ def main():
     ap.add_argument("--capacity", type=int, default=1 << 20)
     ap.add_argument("--kind", choices=sorted(SPECS), default="cartpole")
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--prefill", type=float, default=1.0)
     args = ap.parse_args()
 
     spec = SPECS[args.kind]
@@ -60,10 +62,16 @@ def main():
     rb = MPPrioritizedReplayBuffer(args.capacity, env_dict(spec), ctx=CTX)
     rng = np.random.default_rng(W)  # learner "rank" = W, as in replay_worker.py
 
-    # Prefill a tenth of the capacity so the learner has something to sample.
-    pre = make_batch(spec, ADD_BATCH, np.random.default_rng(0))
-    for _ in range(max(1, args.capacity // 10 // ADD_BATCH)):
-        rb.add(**pre)
+    # Prefill (untimed) in large chunks: cpprb's per-call cost would make a full
+    # 2^20 buffer take half a minute in batches of 64.
+    row_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in spec.values())
+    chunk = max(ADD_BATCH, min(8192, (64 << 20) // row_bytes))
+    pre = make_batch(spec, chunk, np.random.default_rng(0))
+    todo = max(ADD_BATCH, int(args.capacity * args.prefill))
+    while todo > 0:
+        n = min(chunk, todo)
+        rb.add(**{k: v[:n] for k, v in pre.items()})
+        todo -= n
     log(f"prefilled {rb.get_stored_size()} transitions")
 
     barrier = CTX.Barrier(W + 1)

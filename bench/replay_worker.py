@@ -3,8 +3,11 @@
 Ranks 0..W-1 are writers (one region each), the last rank is the learner. For
 `--seconds`, writers add batches of `--add-batch` transitions and the learner
 samples `--batch` and updates their priorities.  Rank 0 prints one JSON line.
-With --writers 0 the learner runs alone on a prefilled buffer; --writer-rate
-paces each writer (sleeping, not spinning) to a given insert rate.
+With --writers 0 the learner runs alone.  Rank 0 first fills `--prefill` of every
+region (default: all of it), so the learner alone and the learner beside writers see
+the same buffer -- full, as it is for most of a training run -- and the writers
+overwrite the oldest slots in ring order.  --writer-rate paces each writer
+(sleeping, not spinning) to a given insert rate.
 """
 
 import argparse
@@ -29,6 +32,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--add-batch", type=int, default=64)
+    ap.add_argument("--prefill", type=float, default=1.0,
+                    help="fraction of every region rank 0 fills before the timed run")
     ap.add_argument("--writer-rate", type=float, default=0.0,
                     help="inserts/s each writer holds itself to (0: as fast as it can)")
     args = ap.parse_args()
@@ -45,11 +50,12 @@ def main():
     batch = make_batch(spec, args.add_batch, rng)
     is_learner = rank == size - 1
 
-    # Prefill a tenth of every region so the learner has something to sample.
+    if not 0.0 < args.prefill <= 1.0:
+        raise SystemExit(f"--prefill must be in (0, 1], got {args.prefill}")
     if rank == 0:
         for r in range(regions):
             lo, hi = rb.region_slots(r)
-            for _ in range(max(1, (hi - lo) // 10 // args.add_batch)):
+            for _ in range(max(1, int((hi - lo) * args.prefill) // args.add_batch)):
                 rb.add(r, batch)
     wait_all(world)
 

@@ -2,9 +2,9 @@
 
 No MPI, no replay, no environment loop live here.  A learner calls
 
-    grad, metrics, priorities = dqn.compute_gradients(batch)
-    grad = allreduce_mean(grad)          # the runtime's business, one flat buffer
-    dqn.apply_gradients(grad)
+    grad, metrics, priorities = dqn.compute_gradients(batch, out=send)
+    allreduce_sum(send, recv)            # the runtime's business, one flat buffer
+    dqn.apply_gradients(recv, scale=1 / n_learners)
 
 and writes `priorities` back to its replay, so one generic learner loop serves every
 algorithm whose loss returns metrics and new priorities (the Acme shape).
@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pal_hpc.algos.optim import FlatAdam
 
 # The arrays a loss batch carries (see DQN.loss).
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
@@ -40,6 +42,7 @@ class QNetwork(nn.Module):
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
         self.trunk = nn.Sequential(*layers)
+        self._linears = [m for m in layers if isinstance(m, nn.Linear)]
         self.dueling = dueling
         if dueling:
             self.value = nn.Linear(width, 1)
@@ -49,9 +52,13 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values (B, n_actions) for observations (B, *obs_shape)."""
-        z = self.trunk(obs.reshape(obs.shape[0], -1))
+        z = obs.reshape(obs.shape[0], -1)
+        # The trunk's layers called functionally: nn.Module's call machinery costs
+        # about a tenth of a small network's forward pass.
+        for layer in self._linears:
+            z = torch.relu(F.linear(z, layer.weight, layer.bias))
         if not self.dueling:
-            return self.head(z)
+            return F.linear(z, self.head.weight, self.head.bias)
         adv = self.advantage(z)
         return self.value(z) + adv - adv.mean(dim=1, keepdim=True)
 
@@ -82,7 +89,22 @@ class DQN:
         self.online.to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.params = list(self.online.parameters())
-        self.optimizer = torch.optim.Adam(self.params, lr=lr)
+        # Every parameter (and its .grad) is a view into one flat buffer, so the
+        # gradient leaves for the Allreduce without a gather, comes back with one copy,
+        # is clipped with one norm and is stepped by one Adam over the whole vector
+        # (FlatAdam: elementwise, so the same maths as Adam per tensor, in a handful
+        # of kernels instead of a dozen per tensor).  Never set the grads to None.
+        n = sum(p.numel() for p in self.params)
+        self._flat = torch.empty(n, device=self.device)
+        self._flat_grad = torch.zeros(n, device=self.device)
+        offset = 0
+        for p in self.params:
+            k = p.numel()
+            self._flat[offset:offset + k].copy_(p.data.reshape(-1))
+            p.data = self._flat[offset:offset + k].view_as(p)
+            p.grad = self._flat_grad[offset:offset + k].view_as(p)
+            offset += k
+        self.optimizer = FlatAdam(self._flat, lr=lr)
 
     # ---- acting ---------------------------------------------------------------------
 
@@ -100,10 +122,12 @@ class DQN:
 
     # ---- learning ---------------------------------------------------------------------
 
-    def loss(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
+    def loss(self, batch: dict[str, np.ndarray], metrics: bool = True
+             ) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
         """Importance-weighted Huber TD loss.
 
-        Returns (scalar loss tensor, metrics {"loss", "q_mean", "td_abs_mean"},
+        Returns (scalar loss tensor, metrics {"loss", "q_mean", "td_abs_mean"} --
+        empty when `metrics` is False, which saves a few kernels and a sync --
         new priorities |TD error| as float64 (B,))."""
         obs, next_obs = self._tensor(batch["obs"]), self._tensor(batch["next_obs"])
         action = torch.as_tensor(batch["action"], dtype=torch.int64, device=self.device)
@@ -126,36 +150,46 @@ class DQN:
         loss = (weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
 
         td_abs = td.detach().abs()
-        metrics = {"loss": loss.item(), "q_mean": q_all.detach().mean().item(),
-                   "td_abs_mean": td_abs.mean().item()}
-        return loss, metrics, td_abs.cpu().numpy().astype(np.float64)
+        stats: dict[str, float] = {}
+        if metrics:
+            # One device->host transfer for the three numbers (one sync on a GPU).
+            values = torch.stack([loss.detach(), q_all.detach().mean(), td_abs.mean()]).tolist()
+            stats = dict(zip(("loss", "q_mean", "td_abs_mean"), values))
+        return loss, stats, td_abs.cpu().numpy().astype(np.float64)
 
-    def compute_gradients(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, dict, np.ndarray]:
-        """Backpropagate the loss; return (flat float32 gradient, a copy in parameter
-        order, metrics incl. "grad_norm" before clipping, priorities)."""
-        self.optimizer.zero_grad(set_to_none=False)
-        loss, metrics, priorities = self.loss(batch)
+    def compute_gradients(self, batch: dict[str, np.ndarray], out: np.ndarray | None = None,
+                          metrics: bool = True) -> tuple[np.ndarray, dict, np.ndarray]:
+        """Backpropagate the loss; return (flat float32 gradient in parameter order,
+        metrics incl. "grad_norm" before clipping -- {} if `metrics` is False --,
+        priorities).  The gradient is written into `out` (float32, num_params) when
+        given -- e.g. straight into an Allreduce send buffer -- and is a fresh copy
+        otherwise."""
+        if out is not None and (out.dtype != np.float32 or out.shape != (self.num_params,)):
+            raise ValueError(f"out must be float32 of shape ({self.num_params},), "
+                             f"got {out.dtype} {out.shape}")
+        self._flat_grad.zero_()
+        loss, stats, priorities = self.loss(batch, metrics)
         loss.backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        metrics["grad_norm"] = torch.linalg.vector_norm(flat).item()
-        return flat.cpu().numpy().astype(np.float32, copy=True), metrics, priorities
+        if metrics:
+            stats["grad_norm"] = torch.linalg.vector_norm(self._flat_grad).item()
+        grad = self._flat_grad.cpu().numpy()
+        if out is None:
+            return grad.copy(), stats, priorities
+        out[...] = grad
+        return out, stats, priorities
 
-    def apply_gradients(self, flat_grad: np.ndarray) -> None:
-        """Write a flat gradient (already averaged across learners) into .grad, clip
-        its global norm to `grad_clip` (if > 0) and take one optimizer step."""
+    def apply_gradients(self, flat_grad: np.ndarray, scale: float = 1.0) -> None:
+        """Take `flat_grad * scale` as the gradient (scale = 1/learners turns an
+        Allreduce sum into the mean), clip its global norm to `grad_clip` (if > 0)
+        and take one optimizer step.  One pass into the gradient buffer."""
         flat = torch.as_tensor(np.asarray(flat_grad, dtype=np.float32), device=self.device)
         if flat.numel() != self.num_params:
             raise ValueError(f"gradient has {flat.numel()} entries, expected {self.num_params}")
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            if p.grad is None:
-                p.grad = torch.empty_like(p)
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
-        if self.grad_clip > 0:
-            nn.utils.clip_grad_norm_(self.params, self.grad_clip)
-        self.optimizer.step()
+        if scale == 1.0:
+            self._flat_grad.copy_(flat)
+        else:
+            torch.mul(flat, scale, out=self._flat_grad)
+        self.optimizer.step(self._flat_grad, clip_norm=self.grad_clip)
 
     def sync_target(self) -> None:
         """Copy the online weights into the target network."""
@@ -166,12 +200,11 @@ class DQN:
     @property
     def num_params(self) -> int:
         """Number of scalars in the online network (the length of a flat vector)."""
-        return sum(p.numel() for p in self.params)
+        return self._flat.numel()
 
     def get_flat_params(self) -> np.ndarray:
         """Online-network parameters as one float32 vector (a copy), in parameter order."""
-        flat = nn.utils.parameters_to_vector(self.params).detach()
-        return flat.cpu().numpy().astype(np.float32, copy=True)
+        return self._flat.detach().cpu().numpy().astype(np.float32, copy=True)
 
     @torch.no_grad()
     def set_flat_params(self, flat: np.ndarray) -> None:
@@ -179,12 +212,8 @@ class DQN:
         flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32), device=self.device)
         if flat_t.numel() != self.num_params:
             raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
-        # copy_ rather than nn.utils.vector_to_parameters, which would alias the
-        # parameters to (the caller's numpy memory behind) `flat`.
-        offset = 0
-        for p in self.params:
-            p.copy_(flat_t[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        # A copy into our buffer: never alias the caller's numpy memory.
+        self._flat.copy_(flat_t)
 
     def state_dict(self) -> dict:
         """Online, target and optimizer state: nested dicts of tensors and numbers."""

@@ -18,16 +18,23 @@ import numpy as np
 from mpi4py import MPI
 
 
+# Loss metrics (loss, q_mean, td_abs_mean, grad_norm) are computed on every
+# METRICS_EVERY-th update only -- the ones the metrics log records.
+METRICS_EVERY = 10
+
+
 class Learner:
     """One learner rank: the algorithm's maths driven over MPI and the shared replay."""
 
-    def __init__(self, cfg, algo, replay, learners_comm, weights=None, node_learners: int = 1):
+    def __init__(self, cfg, algo, replay, learners_comm, weights=None, node_learners: int = 1,
+                 rng: np.random.Generator | None = None):
         self.cfg = cfg
         self.algo = algo
         self.replay = replay
         self.comm = learners_comm
         self.weights = weights               # this node's WeightStore if we publish, else None
         self.node_learners = node_learners
+        self.rng = rng if rng is not None else np.random.default_rng(cfg.seed)
         self.updates = 0
         self.done = False
         self.metrics: dict[str, float] = {}
@@ -36,7 +43,8 @@ class Learner:
         n = algo.num_params
         self.paused = False                  # stopped after a pause vote, until resumed
         self._send = np.zeros(n + 3, np.float32)
-        self._recv = np.zeros(n + 3, np.float32)
+        # A lone learner reduces with itself: receive where it sent, no copy.
+        self._recv = self._send if self.comm.Get_size() == 1 else np.zeros(n + 3, np.float32)
         self._req = None
         self._stop_posted = False
         if self.weights is not None:
@@ -70,12 +78,14 @@ class Learner:
             return False
         t0 = time.perf_counter()
         beta = self.cfg.per_beta + (1.0 - self.cfg.per_beta) * min(1.0, progress)
-        batch = self.replay.sample(self.cfg.batch_size, beta=beta)
+        batch = self.replay.sample(self.cfg.batch_size, beta=beta, rng=self.rng)
         self.sample_times.append(time.perf_counter() - t0)
-        grad, metrics, priorities = self.algo.compute_gradients(batch)
+        want = (self.updates + 1) % METRICS_EVERY == 0
+        _, metrics, priorities = self.algo.compute_gradients(batch, out=self._send[:-3],
+                                                             metrics=want)
         self.replay.update_priorities(batch["indices"], priorities, batch["tickets"])
-        self.metrics = metrics
-        self._send[:-3] = grad
+        if want:
+            self.metrics = metrics
         self._send[-3:] = (1.0, 0.0, 0.0)
         self.busy_seconds += time.perf_counter() - t0
         self._post()
@@ -83,8 +93,7 @@ class Learner:
 
     def _post(self) -> None:
         if self.comm.Get_size() == 1:
-            self._recv[:] = self._send
-            self._finish()
+            self._finish()              # _recv is _send
         else:
             self._req = self.comm.Iallreduce(self._send, self._recv, op=MPI.SUM)
 
@@ -92,7 +101,7 @@ class Learner:
         t0 = time.perf_counter()
         contributors, stop, pause = (float(v) for v in self._recv[-3:])
         if contributors > 0:
-            self.algo.apply_gradients(self._recv[:-3] / contributors)
+            self.algo.apply_gradients(self._recv[:-3], scale=1.0 / contributors)
             self.updates += 1
             if self.updates % self.cfg.target_update == 0:
                 self.algo.sync_target()
