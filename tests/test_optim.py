@@ -71,6 +71,8 @@ def test_bad_input_is_named_and_changes_nothing():
         opt.load_state_dict(bad)
     with pytest.raises(ValueError, match="step"):
         opt.load_state_dict(dict(before, step=-1))
+    with pytest.raises(ValueError, match="exp_avg_sq"):   # e.g. a torch.optim state dict
+        opt.load_state_dict({"state": {}, "param_groups": []})
     after = opt.state_dict()
     assert after["step"] == before["step"]
     assert torch.equal(after["exp_avg"], before["exp_avg"])

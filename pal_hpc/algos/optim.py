@@ -76,6 +76,11 @@ class FlatAdam:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict() returned; the moments must match the parameter."""
+        missing = [k for k in ("step", "exp_avg", "exp_avg_sq", "lr", "beta1", "beta2", "eps")
+                   if k not in state]
+        if missing:
+            raise ValueError(f"optimizer state lacks {missing} (has {sorted(state)}): not a "
+                             f"FlatAdam state -- a checkpoint from before pal_hpc's flat Adam?")
         for key in ("exp_avg", "exp_avg_sq"):
             t = torch.as_tensor(state[key])
             if tuple(t.shape) != tuple(self.param.shape):
