@@ -91,9 +91,9 @@ class DQN:
         self.params = list(self.online.parameters())
         # Every parameter (and its .grad) is a view into one flat buffer, so the
         # gradient leaves for the Allreduce without a gather, comes back with one copy,
-        # is clipped with one norm and is stepped by one Adam over the whole vector
-        # (FlatAdam: elementwise, so the same maths as Adam per tensor, in a handful
-        # of kernels instead of a dozen per tensor).  Never set the grads to None.
+        # is clipped with one norm and is stepped by one fused Adam over the whole
+        # vector (FlatAdam: Adam is elementwise, so this is the same maths as Adam per
+        # tensor, without per-tensor bookkeeping).  Never set the grads to None.
         n = sum(p.numel() for p in self.params)
         self._flat = torch.empty(n, device=self.device)
         self._flat_grad = torch.zeros(n, device=self.device)
