@@ -96,7 +96,30 @@ typedef struct {
 
 static inline uint64_t kst_round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-/* Fills `lay`; returns 0, or -1 for a bad fanout/capacity. */
+/* Every size and offset stays <= KST_MAX_BYTES: callers index with int64 and
+ * Py_ssize_t, and an offset that wrapped would bind the tree outside its buffer. */
+#define KST_MAX_BYTES ((uint64_t)INT64_MAX)
+
+/* *out = x rounded up to a multiple of a; 0, or -1 past KST_MAX_BYTES. */
+static inline int kst_round_up_checked(uint64_t x, uint64_t a, uint64_t *out)
+{
+    uint64_t s;
+    if (__builtin_add_overflow(x, a - 1, &s)) return -1;
+    *out = s / a * a;
+    return *out > KST_MAX_BYTES ? -1 : 0;
+}
+
+/* *out = off + n * item, rounded up to KST_ALIGN; 0, or -1 past KST_MAX_BYTES. */
+static inline int kst_extend(uint64_t off, uint64_t n, uint64_t item, uint64_t *out)
+{
+    uint64_t bytes, end;
+    if (__builtin_mul_overflow(n, item, &bytes) || __builtin_add_overflow(off, bytes, &end))
+        return -1;
+    return kst_round_up_checked(end, KST_ALIGN, out);
+}
+
+/* Fills `lay`; returns 0, -1 for a bad fanout/capacity, or -2 when the tree
+ * would need more than KST_MAX_BYTES (checked before anything could wrap). */
 static inline int kst_compute_layout(uint64_t capacity, uint32_t fanout, kst_layout *lay)
 {
     uint32_t shift = 0;
@@ -108,7 +131,8 @@ static inline int kst_compute_layout(uint64_t capacity, uint32_t fanout, kst_lay
     lay->fanout = fanout;
     lay->shift = shift;
 
-    uint64_t n = kst_round_up(capacity, fanout);
+    uint64_t n;
+    if (kst_round_up_checked(capacity, fanout, &n)) return -2;
     lay->size[0] = n;
     uint32_t l = 0;
     for (;;) {
@@ -116,21 +140,21 @@ static inline int kst_compute_layout(uint64_t capacity, uint32_t fanout, kst_lay
         l++;
         if (l > KST_MAX_LEVELS) return -1;
         if (parents <= 1) { lay->size[l] = 1; break; }
-        n = kst_round_up(parents, fanout);
+        n = kst_round_up(parents, fanout);   /* parents <= KST_MAX_BYTES / 2: no wrap */
         lay->size[l] = n;
     }
     lay->n_levels = l;
 
     uint64_t off = KST_HEADER_BYTES;
     lay->sum_off[0] = off;
-    off = kst_round_up(off + lay->size[0] * sizeof(float), KST_ALIGN);
+    if (kst_extend(off, lay->size[0], sizeof(float), &off)) return -2;
     for (uint32_t i = 1; i <= l; i++) {
         lay->sum_off[i] = off;
-        off = kst_round_up(off + lay->size[i] * sizeof(double), KST_ALIGN);
+        if (kst_extend(off, lay->size[i], sizeof(double), &off)) return -2;
     }
     for (uint32_t i = 1; i <= l; i++) {
         lay->min_off[i] = off;
-        off = kst_round_up(off + lay->size[i] * sizeof(float), KST_ALIGN);
+        if (kst_extend(off, lay->size[i], sizeof(float), &off)) return -2;
     }
     lay->nbytes = off;
     return 0;

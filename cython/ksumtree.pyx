@@ -7,6 +7,8 @@ GIL; lookups (`find`, `sample`, `get`) are split over OpenMP threads when the
 batch is large enough to pay for it, with results identical for any thread count.
 """
 import numbers
+import os
+import sys
 
 import numpy as np
 cimport numpy as cnp
@@ -75,9 +77,32 @@ cdef int _layout(object capacity, object fanout, kst_layout *lay) except -1:
         raise ValueError(f"capacity {capacity} is too large")
     if fanout < 2 or fanout > 4096 or (fanout & (fanout - 1)) != 0:
         raise ValueError(f"fanout must be a power of two in [2, 4096], got {fanout}")
-    if kst_compute_layout(<uint64_t>capacity, <uint32_t>fanout, lay) != 0:
+    code = kst_compute_layout(<uint64_t>capacity, <uint32_t>fanout, lay)
+    if code == -2:
+        raise ValueError(f"capacity {capacity} is too large: a tree of that capacity with "
+                         f"fanout={fanout} needs more than {sys.maxsize} bytes")
+    if code != 0:
         raise ValueError(f"cannot lay out a tree with capacity={capacity}, fanout={fanout}")
     return 0
+
+
+def physical_memory():
+    """Bytes of physical memory on this machine (sys.maxsize if the OS does not say)."""
+    try:
+        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return sys.maxsize
+    return pages * page if pages > 0 and page > 0 else sys.maxsize
+
+
+def check_allocatable(nbytes, what="buffer"):
+    """Raise MemoryError, naming `nbytes`, if a buffer that size cannot fit in this
+    machine's physical memory.  Our buffers are zeroed (every page touched) right
+    after allocation, so a larger one would only end in the OOM killer."""
+    have = physical_memory()
+    if nbytes > have:
+        raise MemoryError(f"{what} needs {nbytes} bytes ({nbytes / 2**30:.4g} GiB), more than "
+                          f"this machine's {have} bytes of physical memory")
 
 
 def _writable_bytes(buffer, Py_ssize_t need):
@@ -102,8 +127,19 @@ def _writable_bytes(buffer, Py_ssize_t need):
     return arr
 
 
-def aligned_empty(Py_ssize_t nbytes, Py_ssize_t align=KST_ALIGN):
-    """A zeroed uint8 numpy array of `nbytes` whose data starts on an `align`-byte boundary."""
+def aligned_empty(nbytes, align=KST_ALIGN):
+    """A zeroed uint8 numpy array of `nbytes` whose data starts on an `align`-byte boundary.
+
+    Raises MemoryError before allocating when `nbytes` exceeds physical memory."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
+        raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
+    if isinstance(align, bool) or not isinstance(align, numbers.Integral) or align < 1 \
+            or align & (align - 1):
+        raise ValueError(f"align must be a power of two, got {align!r}")
+    nbytes, align = int(nbytes), int(align)
+    if nbytes > sys.maxsize - align:
+        raise ValueError(f"nbytes {nbytes} is too large (at most {sys.maxsize - align})")
+    check_allocatable(nbytes)
     raw = np.zeros(nbytes + align, dtype=np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off:off + nbytes]
@@ -159,6 +195,7 @@ cdef class KSumTree:
         if buffer is None:
             if _attach:
                 raise ValueError("attach needs a buffer")
+            check_allocatable(self.lay.nbytes, f"a tree of capacity {capacity} (fanout {fanout})")
             arr = aligned_empty(self.lay.nbytes)
         else:
             arr = _writable_bytes(buffer, self.lay.nbytes)

@@ -52,9 +52,15 @@ cdef enum:
     WORDS_PER_REGION = 8
 
 
-def control_words(int regions):
+def control_words(regions):
     """Number of uint64 words the control block needs for `regions` regions."""
-    return REGION_BASE + WORDS_PER_REGION * regions
+    # Python ints: a C int would wrap for a (silly but accepted) 2**28 regions.
+    return REGION_BASE + WORDS_PER_REGION * int(regions)
+
+
+def writes_word(r):
+    """Index, in the control block, of region r's insert counter (writes ever published)."""
+    return REGION_BASE + WORDS_PER_REGION * int(r)
 
 
 def seqlock_publish(uint64_t[::1] seq, unsigned char[::1] dst, const unsigned char[::1] src):
@@ -89,11 +95,11 @@ cdef class ReplayCore:
     cdef uint64_t *control
     cdef uint64_t *seq
     cdef int64_t capacity
-    cdef int regions
+    cdef int64_t regions
     cdef object _keep
 
     def __init__(self, cnp.ndarray tree_bytes, capacity, fanout,
-                 cnp.ndarray seq, cnp.ndarray control, int regions):
+                 cnp.ndarray seq, cnp.ndarray control, int64_t regions):
         if kst_compute_layout(capacity, fanout, &self.lay) != 0:
             raise ValueError("bad tree layout")
         if tree_bytes.nbytes < self.lay.nbytes or kst_check_header(tree_bytes.data, &self.lay) != 0:
@@ -109,7 +115,7 @@ cdef class ReplayCore:
         self.regions = regions
         self._keep = (tree_bytes, seq, control)
 
-    cdef uint64_t *_region(self, int r):
+    cdef uint64_t *_region(self, int64_t r):
         return self.control + REGION_BASE + WORDS_PER_REGION * r
 
     def init_control(self, double max_priority):
@@ -121,20 +127,20 @@ cdef class ReplayCore:
 
     def reset_locks(self):
         """Release the tree lock and every region claim (after restoring a saved buffer)."""
-        cdef int r
+        cdef int64_t r
         self.control[LOCK_WORD] = 0
         for r in range(self.regions):
             self._region(r)[1] = 0
 
     # -- writers -----------------------------------------------------------
-    def try_acquire_region(self, int r):
+    def try_acquire_region(self, int64_t r):
         """Claim region r for this writer; False if another writer holds it."""
         return bool(sy_try_acquire(self._region(r) + 1))
 
-    def release_region(self, int r):
+    def release_region(self, int64_t r):
         sy_unlock(self._region(r) + 1)
 
-    def writes(self, int r):
+    def writes(self, int64_t r):
         """Transitions ever written to region r (published ones)."""
         return sy_load(self._region(r))
 
@@ -145,7 +151,7 @@ cdef class ReplayCore:
     def count_sampled(self, int64_t n):
         sy_add(self.control + SAMPLES_WORD, <uint64_t>n)
 
-    def publish_writes(self, int r, int64_t n):
+    def publish_writes(self, int64_t r, int64_t n):
         sy_add(self._region(r), <uint64_t>n)
 
     def begin_write(self, const int64_t[::1] slots):

@@ -1,5 +1,7 @@
 """Bad input raises a clear error and leaves the tree unchanged."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,46 @@ def test_num_threads_validation(tree):
         tree.num_threads = 0
     tree.num_threads = 3
     assert tree.num_threads == 3
+
+
+def reference_nbytes(capacity, fanout):
+    """The layout of ksum_core.h in Python ints (which never wrap)."""
+    up = lambda x, a: -(-x // a) * a                                    # noqa: E731
+    sizes = [up(capacity, fanout)]
+    while sizes[-1] // fanout > 1:
+        sizes.append(up(sizes[-1] // fanout, fanout))
+    sizes.append(1)
+    off = up(64 + 4 * sizes[0], 64)
+    for item in (8, 4):                                 # sum levels, then min levels
+        for n in sizes[1:]:
+            off = up(off + item * n, 64)
+    return off
+
+
+@pytest.mark.parametrize("fanout", [2, 4, 16, 4096])
+@pytest.mark.parametrize("capacity", [1000, 2**40 + 1, 2**58, 2**60, 2**61, 2**62 - 1, 2**62,
+                                      2**64 + 5])
+def test_huge_capacity_never_wraps(capacity, fanout):
+    """KSumTree(2**60, fanout=2) used to wrap nbytes to 384 bytes and then write far
+    outside them.  Now nbytes is exact or the size is refused, before any allocation."""
+    if capacity < 2**62 and reference_nbytes(capacity, fanout) <= sys.maxsize:
+        assert KSumTree.nbytes(capacity, fanout) == reference_nbytes(capacity, fanout)
+        return
+    with pytest.raises(ValueError, match=str(capacity)):
+        KSumTree.nbytes(capacity, fanout)
+    with pytest.raises(ValueError, match=str(capacity)):
+        KSumTree(capacity, fanout)
+    with pytest.raises(ValueError, match=str(capacity)):
+        KSumTree.layout(capacity, fanout)
+
+
+def test_too_large_to_allocate_raises_memory_error_first():
+    """A well-formed size beyond physical memory: MemoryError naming it, no attempt."""
+    assert KSumTree.nbytes(2**60, 16) > 2**62
+    with pytest.raises(MemoryError, match=str(2**60)):
+        KSumTree(2**60, 16)
+    with pytest.raises(MemoryError, match=str(2**60)):
+        aligned_empty(2**60)
+    for bad in (-1, 2**63, 1.5):
+        with pytest.raises(ValueError, match="nbytes"):
+            aligned_empty(bad)

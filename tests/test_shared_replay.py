@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from pal_hpc.replay import SharedReplay
+from pal_hpc.replay import KSumTree, SharedReplay
 
 CARTPOLE = {"obs": ((4,), np.float32), "action": ((), np.int64),
             "reward": ((), np.float32), "done": ((), np.bool_)}
@@ -327,3 +327,62 @@ def test_empty_slots_are_never_sampled_nor_updated():
     assert set(rb.sample(64, rng=0)["indices"].tolist()) <= {0, 1}
     rb.close()
 
+
+
+def test_sample_is_with_replacement_and_refuses_an_empty_buffer():
+    """Stratified draws are with replacement: batch_size > size() gives batch_size
+    rows, all written; with equal priorities each slot fills batch/size strata."""
+    rb = SharedReplay(CARTPOLE, 64, regions=2)
+    with pytest.raises(ValueError, match="no transitions"):
+        rb.sample(8)
+    shadow = Shadow(CARTPOLE, 64)
+    written = shadow.add(rb, 1, make_batch(CARTPOLE, 5, np.random.default_rng(0)))
+    s = rb.sample(40, rng=1)
+    check_sample(s, CARTPOLE, shadow, 40)
+    counts = np.bincount(s["indices"], minlength=64)
+    assert counts.sum() == 40 and set(np.flatnonzero(counts)) == set(written.tolist())
+    assert (np.abs(counts[written] - 8) <= 1).all(), counts[written]
+    rb.close()
+
+
+# -- sizes: exact before allocating, refused cleanly when too large -----------------
+
+@pytest.mark.parametrize("spec,capacity,regions,fanout", [
+    (CARTPOLE, 1, 1, 16), (CARTPOLE, 103, 3, 2), (FRAMES, 16, 2, 4),
+    ({"x": ((0,), np.float32), "y": ((3, 5), np.float64)}, 1000, 7, 64)])
+def test_window_nbytes_is_what_the_constructor_allocates(spec, capacity, regions, fanout):
+    need = SharedReplay.window_nbytes(spec, capacity, regions=regions, fanout=fanout)
+    with SharedReplay(spec, capacity, regions=regions, fanout=fanout) as rb:
+        assert need == rb.nbytes == rb.state_bytes().size
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(capacity=0), ValueError, "capacity"), (dict(capacity=2.0), TypeError, "capacity"),
+    (dict(regions=11), ValueError, "regions"), (dict(fanout=3), ValueError, "fanout"),
+    (dict(spec={}), ValueError, "spec")])
+def test_window_nbytes_validates_like_the_constructor(kwargs, exc, match):
+    args = dict(spec=CARTPOLE, capacity=10, regions=1, fanout=16) | kwargs
+    with pytest.raises(exc, match=match):
+        SharedReplay.window_nbytes(**args)
+    with pytest.raises(exc, match=match):
+        SharedReplay(**args)
+
+
+def test_huge_buffers_are_refused_before_allocating():
+    """10**17 slots is a well-formed size no machine holds: MemoryError, no attempt.
+    Sizes past what int64 offsets can address are a ValueError naming the size."""
+    cap = 10**17
+    need = SharedReplay.window_nbytes(CARTPOLE, cap)
+    row = 16 + 8 + 4 + 1 + 8                                   # fields + seq counter
+    assert 0 <= need - KSumTree.nbytes(cap) - row * cap < 4096
+    with pytest.raises(MemoryError, match=str(need)):
+        SharedReplay(CARTPOLE, cap)
+    with pytest.raises(MemoryError):
+        SharedReplay(CARTPOLE, 2**40, regions=2**40)           # a huge control block
+    for args in [dict(spec=CARTPOLE, capacity=10**18),
+                 dict(spec={"x": ((2**40, 2**40), np.uint8)}, capacity=10),
+                 dict(spec=CARTPOLE, capacity=2**60, fanout=2)]:
+        with pytest.raises(ValueError, match="too large|more than"):
+            SharedReplay.window_nbytes(**args)
+        with pytest.raises(ValueError, match="too large|more than"):
+            SharedReplay(**args)

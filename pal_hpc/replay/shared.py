@@ -17,14 +17,17 @@ since.  The protocol itself is in cython/sync_core.h.
 
 from __future__ import annotations
 
+import math
 import numbers
+import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
-from pal_hpc.replay._ksumtree import KSumTree, aligned_empty
-from pal_hpc.replay._replaycore import ReplayCore, control_words
+from pal_hpc.replay._ksumtree import KSumTree, aligned_empty, check_allocatable
+from pal_hpc.replay._replaycore import ReplayCore, control_words, writes_word
 
 RESERVED = ("indices", "weights", "tickets")
 _ALIGN = 64
@@ -79,6 +82,56 @@ def _finite(value, name: str, minimum: float = 0.0) -> float:
     return v
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Byte offsets of the parts of one buffer (see the module docstring)."""
+    control_words: int
+    tree_off: int
+    tree_nbytes: int
+    seq_off: int
+    col_off: dict[str, int]
+    row_bytes: dict[str, int]
+    nbytes: int
+
+
+def _plan(spec, capacity: int, regions: int, fanout) -> _Layout:
+    """The layout of a buffer; Python ints throughout, so nothing wraps."""
+    words = control_words(regions)
+    tree_nbytes = KSumTree.nbytes(capacity, fanout)      # validates fanout and capacity
+    off = _round_up(8 * words)
+    tree_off = off
+    off = _round_up(off + tree_nbytes)
+    seq_off = off
+    off = _round_up(off + 8 * capacity)
+    col_off, row_bytes = {}, {}
+    for name, (shape, dtype) in spec.items():
+        col_off[name] = off
+        row_bytes[name] = math.prod(shape) * dtype.itemsize
+        off = _round_up(off + capacity * row_bytes[name])
+    # allocate_shared and aligned_empty add _ALIGN bytes of slack.
+    if off > sys.maxsize - _ALIGN:
+        raise ValueError(f"a replay of capacity {capacity} with this spec needs {off} bytes, "
+                         f"more than this platform can address ({sys.maxsize - _ALIGN})")
+    return _Layout(words, tree_off, tree_nbytes, seq_off, col_off, row_bytes, off)
+
+
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+def _state_array(state, key: str, dtype, shape: tuple):
+    """state[key] if its dtype and shape are these, else a ValueError naming it."""
+    arr = state[key]
+    if not (hasattr(arr, "dtype") and hasattr(arr, "shape")):
+        arr = np.asarray(arr)
+    if np.dtype(arr.dtype) != np.dtype(dtype) or tuple(arr.shape) != tuple(shape):
+        raise ValueError(f"state array {key!r} has dtype {np.dtype(arr.dtype)} and shape "
+                         f"{tuple(arr.shape)}; this buffer needs {np.dtype(dtype)} and {shape}")
+    return arr
+
+
 class SharedReplay:
     """Node-shared prioritized replay with lazy-write regions.
 
@@ -91,11 +144,8 @@ class SharedReplay:
     """
 
     def __init__(self, spec, capacity, comm=None, regions=1, fanout=16, alpha=0.6, eps=1e-6):
-        self.spec = _check_spec(spec)
-        self.capacity = _positive_int(capacity, "capacity")
-        self.regions = _positive_int(regions, "regions")
-        if self.regions > self.capacity:
-            raise ValueError(f"regions ({self.regions}) must not exceed capacity ({self.capacity})")
+        self.spec, self.capacity, self.regions, lay = self._validate(spec, capacity, regions,
+                                                                     fanout)
         self.alpha = _finite(alpha, "alpha")
         self.eps = _finite(eps, "eps")
         if self.eps <= 0:
@@ -103,7 +153,6 @@ class SharedReplay:
             # TD errors all reach 0 would have nothing left to sample.
             raise ValueError(f"eps must be > 0, got {eps!r}")
         self.fanout = fanout
-        KSumTree.nbytes(self.capacity, fanout)          # validates fanout
 
         self._comm = comm
         self._shared = None
@@ -111,19 +160,10 @@ class SharedReplay:
         if comm is not None:
             self._check_same_everywhere(comm)
 
-        # Layout of the one allocation.
-        off = 0
-        self._ctl_off = off
-        off = _round_up(off + 8 * control_words(self.regions))
-        self._tree_off = off
-        off = _round_up(off + KSumTree.nbytes(self.capacity, fanout))
-        self._seq_off = off
-        off = _round_up(off + 8 * self.capacity)
-        self._col_off = {}
-        for name, (shape, dtype) in self.spec.items():
-            self._col_off[name] = off
-            off = _round_up(off + self.capacity * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-        self.nbytes = off
+        self._layout = lay
+        self.nbytes = lay.nbytes
+        # Every rank of a node checks (same node, same answer), so all raise together.
+        check_allocatable(self.nbytes, f"a replay buffer of capacity {self.capacity}")
 
         creator = comm is None or comm.Get_rank() == 0
         if comm is None:
@@ -133,13 +173,13 @@ class SharedReplay:
             self._shared = allocate_shared(comm, self.nbytes, _ALIGN)
             mem = self._shared.array
         self._mem = mem
-        tree_mem = mem[self._tree_off:self._tree_off + KSumTree.nbytes(self.capacity, fanout)]
-        control = mem[:8 * control_words(self.regions)].view(np.uint64)
-        self._seq = mem[self._seq_off:self._seq_off + 8 * self.capacity].view(np.uint64)
+        tree_mem = mem[lay.tree_off:lay.tree_off + lay.tree_nbytes]
+        control = mem[:8 * lay.control_words].view(np.uint64)
+        self._control = control
+        self._seq = mem[lay.seq_off:lay.seq_off + 8 * self.capacity].view(np.uint64)
         self._columns = {}
         for name, (shape, dtype) in self.spec.items():
-            row = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            raw = mem[self._col_off[name]:self._col_off[name] + self.capacity * row]
+            raw = mem[lay.col_off[name]:lay.col_off[name] + self.capacity * lay.row_bytes[name]]
             self._columns[name] = raw.view(dtype).reshape((self.capacity,) + shape)
 
         if creator:
@@ -162,13 +202,27 @@ class SharedReplay:
         self._region_start = bounds[:-1]
         self._region_len = [bounds[r + 1] - bounds[r] for r in range(self.regions)]
         names = list(self.spec)
-        self._row_bytes = np.array(
-            [int(np.prod(self.spec[n][0], dtype=np.int64)) * self.spec[n][1].itemsize for n in names],
-            dtype=np.int64)
+        self._row_bytes = np.array([lay.row_bytes[n] for n in names], dtype=np.int64)
         self._src = np.array([self._columns[n].ctypes.data for n in names], dtype=np.uintp)
         # sample()'s generator when the caller passes none: one per instance, not
         # one seeded from the OS per call (12 us each).
         self._rng = np.random.default_rng()
+
+    @staticmethod
+    def _validate(spec, capacity, regions, fanout):
+        spec = _check_spec(spec)
+        capacity = _positive_int(capacity, "capacity")
+        regions = _positive_int(regions, "regions")
+        if regions > capacity:
+            raise ValueError(f"regions ({regions}) must not exceed capacity ({capacity})")
+        return spec, capacity, regions, _plan(spec, capacity, regions, fanout)
+
+    @staticmethod
+    def window_nbytes(spec, capacity, regions=1, fanout=16) -> int:
+        """Bytes of node memory `SharedReplay(spec, capacity, regions=regions,
+        fanout=fanout)` would allocate, validated as the constructor does; allocates
+        nothing (compare it with the node's free memory first)."""
+        return SharedReplay._validate(spec, capacity, regions, fanout)[3].nbytes
 
     # -- construction helpers ----------------------------------------------
     def _check_same_everywhere(self, comm) -> None:
@@ -288,6 +342,11 @@ class SharedReplay:
     def sample(self, batch_size, beta=0.4, rng=None) -> dict:
         """Proportional (stratified) sample of `batch_size` transitions, copied out.
 
+        One draw per equal slice of the total priority mass, so draws are with
+        replacement: a slot can appear more than once, and a `batch_size` above
+        size() still returns `batch_size` rows, every one a written slot.  An empty
+        buffer raises ValueError.
+
         `rng`: a numpy Generator (or a seed for a new one); None uses this
         instance's own generator.  Returns every spec field plus "indices"
         (slots), "weights" (importance
@@ -406,7 +465,8 @@ class SharedReplay:
                 "spec": {n: [list(s), d.str] for n, (s, d) in self.spec.items()}}
 
     def state_bytes(self) -> np.ndarray:
-        """The whole buffer -- counters, tree, slot counters, columns -- as one uint8 view.
+        """The whole buffer -- counters, tree, slot counters, columns -- as one uint8 view
+        (state_arrays() is the compact form, without the rows never written).
 
         Take it only while no rank writes or samples (a checkpoint's safe point)."""
         self._live()
@@ -423,6 +483,98 @@ class SharedReplay:
             raise ValueError(f"saved replay has {raw.size} bytes, this buffer has {self.nbytes}")
         self._mem[:] = raw
         core.reset_locks()
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The buffer's state for a checkpoint, holding only the rows ever written.
+
+        Keys: "control" (cursors, sample count, max priority), "tree" (the tree's
+        memory), "seq" (per-slot counters), "region_rows" (int64 per region: rows
+        saved, min(writes, region length) -- a region is a ring from its first slot,
+        so these are its first rows) and "column.<field>" (those rows, regions in
+        order).  Arrays may be read-only views of the live buffer: take and write
+        them while no rank writes or samples (a checkpoint's safe point)."""
+        self._live()
+        rows = self._rows_written()
+        runs = self._written_runs(rows)
+        lay = self._layout
+        out = {"control": self._control.copy(),
+               "tree": _read_only(self._mem[lay.tree_off:lay.tree_off + lay.tree_nbytes]),
+               "seq": _read_only(self._seq),
+               "region_rows": rows}
+        for name, col in self._columns.items():
+            parts = [col[a:b] for a, b in runs] or [col[:0]]
+            out[f"column.{name}"] = (_read_only(parts[0]) if len(parts) == 1
+                                     else np.concatenate(parts))
+        return out
+
+    def load_state_arrays(self, state) -> None:
+        """Restore a state from `state_arrays()` of a buffer with the same signature().
+
+        Every array is checked (dtype, shape, consistency with the saved cursors)
+        before anything changes; rows never written are zeroed.  Values may be numpy
+        arrays or anything sliceable with .dtype and .shape (h5py datasets: columns
+        are then read region by region).  Call on one rank of the node while no rank
+        uses the buffer; locks and region claims held at save time are released."""
+        core = self._live()
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping of name -> array, got {type(state).__name__}")
+        lay = self._layout
+        columns = {f"column.{n}": n for n in self.spec}
+        wanted = {"control", "tree", "seq", "region_rows", *columns}
+        missing, extra = sorted(wanted - set(state)), sorted(set(state) - wanted)
+        if missing or extra:
+            raise ValueError(f"saved replay state does not fit this buffer: missing {missing}, "
+                             f"unknown {extra}")
+        control = np.asarray(_state_array(state, "control", np.uint64, (lay.control_words,)))
+        tree = np.asarray(_state_array(state, "tree", np.uint8, (lay.tree_nbytes,)))
+        seq = np.asarray(_state_array(state, "seq", np.uint64, (self.capacity,)))
+        rows = np.asarray(_state_array(state, "region_rows", np.int64, (self.regions,)))
+        expect = [min(int(control[writes_word(r)]), n) for r, n in enumerate(self._region_len)]
+        if rows.tolist() != expect:
+            raise ValueError(f"state array 'region_rows' is {rows.tolist()}, but the saved "
+                             f"insert counters give {expect}")
+        here = self._mem[lay.tree_off:lay.tree_off + 64]
+        if not np.array_equal(tree[:64], here):
+            raise ValueError("state array 'tree' does not start with this buffer's tree header")
+        written = np.zeros(self.capacity, bool)
+        for a, b in self._written_runs(rows):
+            written[a:b] = True
+        if (seq[~written] != 0).any() or (seq[written] == 0).any():
+            raise ValueError("state array 'seq' disagrees with 'region_rows' about which slots "
+                             "were written")
+        saved = {name: _state_array(state, key, self.spec[name][1],
+                                    (int(rows.sum()),) + self.spec[name][0])
+                 for key, name in columns.items()}
+
+        self._control[:] = control
+        self._mem[lay.tree_off:lay.tree_off + lay.tree_nbytes] = tree
+        self._seq[:] = seq
+        for name, col in self._columns.items():
+            k = 0
+            for r, n in enumerate(rows.tolist()):
+                start, stop = self.region_slots(r)
+                if n:
+                    col[start:start + n] = saved[name][k:k + n]
+                col[start + n:stop] = 0
+                k += n
+        core.reset_locks()
+
+    def _rows_written(self) -> np.ndarray:
+        core = self._core
+        return np.array([min(core.writes(r), n) for r, n in enumerate(self._region_len)],
+                        np.int64)
+
+    def _written_runs(self, rows) -> list[tuple[int, int]]:
+        """Maximal (start, stop) slot ranges holding the first `rows[r]` slots of each region."""
+        runs = []
+        for start, n in zip(self._region_start, np.asarray(rows).tolist()):
+            if n == 0:
+                continue
+            if runs and runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], start + n)
+            else:
+                runs.append((start, start + n))
+        return runs
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
