@@ -3,70 +3,109 @@
     mpiexec -n 4 python -m mpi4py -m pal_hpc.main --env CartPole-v1 --total-steps 100000
 
 Configuration comes from the defaults, then `--config FILE`, then flags
-(`--help` lists them).  A bad configuration is rejected on every rank before
-any work starts, naming the field.  An exception on any rank prints that
-rank's traceback once and aborts the whole job, so nothing hangs.
+(`--help` lists them).  Nothing is lost and nothing hangs:
+
+- A bad configuration ends the job with exit status 2 and one line naming the field,
+  whether every rank finds it or only some (see `runtime.abort.reject`).
+- An exception on any rank prints that rank's traceback and aborts the whole job.
+- SIGTERM, SIGUSR1 or a first SIGINT checkpoint and exit 0; a second SIGINT stops at once.
+- A final checkpoint that cannot be written (a full disk) ends the job with status 1
+  and one message naming the newest checkpoint on disk (`runtime.abort.JobError`).
+- A rank dies with its launcher and leaves no /dev/shm files (`runtime.lifeline`).
+
+PAL_HPC_INJECT_CONFIG_ERROR="RANK[,RANK...]" or "all" makes those ranks reject the
+configuration after the topology is built, while the others go on into training:
+how the tests show a rejection on some ranks only still ends the job.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import sys
-import time
 import traceback
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 
-def _reject(world, exc) -> int:
-    """Every rank found the same bad configuration: rank 0 says so once, then all exit 2.
-    The barrier keeps a fast rank's exit (which aborts the job under `-m mpi4py`) from
-    cutting rank 0 off before it has printed."""
-    if world.Get_rank() == 0:
-        print(f"pal_hpc: invalid configuration: {exc}", file=sys.stderr, flush=True)
-    world.Barrier()
-    return 2
+def _parse(args: list[str], rank: int):
+    """`load_config(args)` with what argparse prints (`--help`, usage and errors) shown by
+    rank 0 alone.  Returns the config, or the exit code argparse asked for."""
+    from pal_hpc.config import load_config
+
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            return load_config(args)
+    except SystemExit as exc:
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+    finally:
+        if rank == 0:
+            sys.stdout.write(out.getvalue())
+            sys.stderr.write(err.getvalue())
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+
+def _injected_rejection(rank: int) -> None:
+    """Raise the ConfigError PAL_HPC_INJECT_CONFIG_ERROR asks of this rank, if any."""
+    from pal_hpc.config import ConfigError
+
+    spec = os.environ.get("PAL_HPC_INJECT_CONFIG_ERROR", "").strip()
+    if spec and (spec == "all" or str(rank) in spec.split(",")):
+        raise ConfigError(f"device: injected on rank {rank} (PAL_HPC_INJECT_CONFIG_ERROR)")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pal_hpc.runtime import lifeline, signals
+
+    lifeline.tie_to_launcher()       # first: a rank must never outlive its launcher
+    signals.install()
+
     from mpi4py import MPI
 
-    from pal_hpc.config import ConfigError, load_config
-    from pal_hpc.runtime import signals
+    from pal_hpc.config import ConfigError
+    from pal_hpc.runtime.abort import JobError, abort_job, reject
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
+    lifeline.unlink_node_segments(world)
+    control = world.Dup()            # for `reject` alone, so nothing else can match it
     args = sys.argv[1:] if argv is None else argv
-    if rank != 0 and ("-h" in args or "--help" in args):
-        return 0                       # one copy of the help text, from rank 0
     try:
-        cfg = load_config(args)
+        cfg = _parse(args, rank)
     except ConfigError as exc:
-        return _reject(world, exc)
-    except SystemExit as exc:         # argparse: --help, or an unknown flag
-        return int(exc.code or 0)
+        reject(control, f"pal_hpc: invalid configuration: {exc}")
+    if isinstance(cfg, int):         # argparse's exit: 0 after --help, 2 for a bad flag
+        if cfg == 0:
+            control.Free()
+            return 0
+        reject(control, "" if rank == 0 else "pal_hpc: invalid command line (see --help)",
+               code=cfg)
 
-    if not cfg.run_dir and cfg.resume not in ("", "latest", "auto"):
-        cfg.run_dir = str(Path(cfg.resume).resolve().parent.parent)   # the checkpoint's run
-    if not cfg.run_dir:               # one timestamped directory for the whole job
-        cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
-    signals.install()
     try:
-        from pal_hpc.dist.topology import build_topology
+        if not cfg.run_dir and cfg.resume not in ("", "latest", "auto"):
+            cfg.run_dir = str(Path(cfg.resume).resolve().parent.parent)  # the checkpoint's run
+        if not cfg.run_dir:           # one timestamped directory for the whole job
+            cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
+
+        from pal_hpc.dist.topology import build_topology, uneven_nodes_note
         from pal_hpc.runtime.run import train
 
         topo = build_topology(world, cfg)
-        try:
-            train(cfg, topo)
-        finally:
-            topo.free()
-    except ConfigError as exc:       # found while building (e.g. roles vs ranks): same on every rank
-        return _reject(world, exc)
+        note = uneven_nodes_note(topo.node_sizes, cfg.ranks_per_node)
+        if rank == 0 and note:
+            print(note, flush=True)
+        _injected_rejection(rank)
+        train(cfg, topo)
+        topo.free()                   # collective: only once every rank got here
+    except ConfigError as exc:        # on every rank, or only on some (e.g. the learners)
+        reject(control, f"pal_hpc: invalid configuration: {exc}")
+    except JobError as exc:           # on every rank, after the job wound down
+        reject(control, f"pal_hpc: error: {exc}", code=exc.status)
     except BaseException:
-        sys.stderr.write(f"pal_hpc: rank {rank} failed:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        # Give the launcher a moment to forward the traceback before the abort tears
-        # its I/O down (without it the message is sometimes lost).
-        time.sleep(0.5)
-        world.Abort(1)
+        abort_job(1, f"pal_hpc: rank {rank} failed:\n{traceback.format_exc()}")
+    control.Free()
     return 0
 
 

@@ -5,7 +5,7 @@ import torch
 
 from pal_hpc.config import ConfigError
 from pal_hpc.dist.topology import (assign_roles, node_counts, node_sizes_for, pick_device,
-                                   roles_for_layout)
+                                   roles_for_layout, uneven_nodes_note)
 
 
 def _codes(roles):
@@ -89,6 +89,19 @@ def test_node_sizes_for_virtual_nodes(world, k, sizes):
 def test_node_sizes_for_rejects_zero():
     with pytest.raises(ConfigError, match="^ranks_per_node: "):
         node_sizes_for(4, 0)
+
+
+@pytest.mark.parametrize("sizes, k, expected", [
+    ([2, 2], 2, ""),                                    # even
+    ([3], 0, ""),                                       # real nodes: not ours to judge
+    ([2, 1], 2, "uneven virtual nodes of 2 + 1 ranks; 1 node of 1 rank runs solo"),
+    ([2, 1, 2, 1], 2, "of 2 + 1 + 2 + 1 ranks; 2 nodes of 1 rank run solo"),
+    ([3, 3, 2], 3, "ranks_per_node 3 makes uneven virtual nodes of 3 + 3 + 2 ranks"),
+])
+def test_uneven_virtual_nodes_are_announced(sizes, k, expected):
+    note = uneven_nodes_note(sizes, k)
+    assert (expected in note) if expected else note == ""
+    assert ("solo" in note) == (1 in sizes and bool(expected))
 
 
 def test_virtual_nodes_of_three_ranks():

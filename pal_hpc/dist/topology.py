@@ -164,6 +164,19 @@ def node_sizes_for(world_size: int, ranks_per_node: int) -> list[int]:
     return [ranks_per_node] * full + ([rest] if rest else [])
 
 
+def uneven_nodes_note(node_sizes: list[int], ranks_per_node: int) -> str:
+    """A line telling the user that `ranks_per_node` did not divide a real node evenly
+    ("" when it did, or when the real nodes are used).  Uneven nodes work -- real ones
+    can be uneven too, and a 1-rank node runs solo -- but the user should know."""
+    if ranks_per_node < 1 or all(size == ranks_per_node for size in node_sizes):
+        return ""
+    solo = sum(size == 1 for size in node_sizes)
+    return (f"pal_hpc: note: ranks_per_node {ranks_per_node} makes uneven virtual nodes of "
+            f"{' + '.join(map(str, node_sizes))} ranks"
+            + (f"; {_n(solo, 'node')} of 1 rank run{'s' if solo == 1 else ''} solo "
+               "(actor and learner on one rank)" if solo else ""))
+
+
 # ---------------------------------------------------------------------------------------
 # MPI.
 
@@ -183,6 +196,14 @@ class Topology:
     me: RankRole
     n_nodes: int
     _freed: bool = field(default=False, repr=False)
+
+    @property
+    def node_sizes(self) -> list[int]:
+        """Ranks on each node, by node id."""
+        sizes = [0] * self.n_nodes
+        for r in self.roles:
+            sizes[r.node] += 1
+        return sizes
 
     @property
     def n_actors(self) -> int:

@@ -1,4 +1,7 @@
-"""Node-local shared memory: one MPI window per node that every rank maps in place."""
+"""Node-local shared memory: one MPI window per node that every rank maps in place.
+
+MPICH unlinks a window's /dev/shm file as soon as the node's ranks have mapped it, so
+even a killed job leaks none (MPICH's own intranode file: see `runtime.lifeline`)."""
 
 from __future__ import annotations
 
