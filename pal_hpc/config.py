@@ -24,6 +24,10 @@ from typing import Any
 ALGOS = ("dqn",)
 DEVICES = ("auto", "cpu", "cuda")
 MAX_FANOUT = 4096  # the native KSumTree's limit
+MAX_SEED = 2**32 - 1
+# Above this, actors could only insert about one transition per million samples: the
+# rate limiter would all but stop them (infinity stops them for good).
+MAX_REPLAY_RATIO = 1e6
 
 
 class ConfigError(ValueError):
@@ -46,8 +50,12 @@ class Config:
     env: str = _f("CartPole-v1", "gymnasium environment id (ALE/... ids need ale_py)")
     total_steps: int = _f(100_000, "environment steps to run, summed over all actors")
     wall_time: float = _f(0.0, "stop after this many seconds (0 = no limit)")
-    seed: int = _f(0, "base random seed; each rank derives its own from it")
-    run_dir: str = _f("", "output directory (empty = runs/<algo>-<env>-<UTC timestamp>)")
+    seed: int = _f(0, f"base random seed in [0, {MAX_SEED}]; each rank derives its own "
+                      "from it")
+    run_dir: str = _f("", "output directory (empty = runs/<algo>-<env>-<UTC timestamp>); "
+                          "one job at a time may use it")
+    overwrite: bool = _f(False, "start afresh in a run_dir that holds an earlier run, "
+                                "deleting its metrics log, checkpoints and summary")
 
     # Layout of ranks.
     actors_per_node: float = _f(0.0, "actor ranks per node: 0 = auto (the ranks left after "
@@ -75,7 +83,7 @@ class Config:
     learning_starts: int = _f(1_000, "transitions a node's buffer holds before its "
                                      "learners start")
     replay_ratio: float = _f(32.0, "sampled transitions per inserted transition "
-                                  "(Reverb-style rate limit)")
+                                  f"(Reverb-style rate limit), in (0, {MAX_REPLAY_RATIO:g}]")
 
     # DQN.
     lr: float = _f(2.3e-3, "Adam learning rate")
@@ -137,6 +145,12 @@ class Config:
         _check_env(self.env)
 
         req = lambda name, ok, what: _require(self, name, ok, what)  # noqa: E731
+        # inf passes "> 0" and then breaks the run (an inf learning rate, a rate limiter
+        # that never releases the actors): every float must be finite.
+        for name, tp in _field_types().items():
+            value = getattr(self, name)
+            if _base_type(tp) is float and value is not None:
+                req(name, math.isfinite(value), "must be finite")
         for name in ("total_steps", "eval_episodes", "envs_per_actor", "replay_capacity",
                      "batch_size", "n_step", "target_update", "publish_every",
                      "torch_threads", "keep_checkpoints"):
@@ -152,6 +166,12 @@ class Config:
         for name in ("per_alpha", "per_beta", "eps_start", "eps_final"):
             req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
         req("gamma", 0 < self.gamma <= 1, "must be in (0, 1]")
+        req("seed", self.seed <= MAX_SEED, f"must be in [0, {MAX_SEED}]")
+        req("replay_ratio", self.replay_ratio <= MAX_REPLAY_RATIO,
+            f"must be <= {MAX_REPLAY_RATIO:g} (the actors would all but stop)")
+        req("overwrite", not (self.overwrite and self.resume),
+            f"cannot be combined with --resume {self.resume!r} (resume continues the run; "
+            "overwrite deletes it)")
         req("eps_final", self.eps_final <= self.eps_start,
             f"must be <= eps_start ({self.eps_start})")
         req("replay_capacity", self.replay_capacity >= self.batch_size,
@@ -162,8 +182,6 @@ class Config:
             f"must be a power of two in [2, {MAX_FANOUT}]")
         req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
             "must be a non-empty list of positive widths")
-        if self.target_return is not None:
-            req("target_return", math.isfinite(self.target_return), "must be finite")
         check_per_node("actors_per_node", self.actors_per_node)
         check_per_node("learners_per_node", self.learners_per_node)
 

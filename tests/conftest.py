@@ -38,3 +38,19 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120,
 def mpi():
     """The `run_mpi` launcher."""
     return run_mpi
+
+
+# Small, fast training flags for tests that run the real entry point.
+FAST_FLAGS = ["--hidden", "32", "32", "--learning-starts", "500", "--replay-capacity", "20000",
+              "--eval-every", "0", "--eval-episodes", "2", "--progress-every", "0.5"]
+
+
+def mpi_env(**extra: str) -> dict:
+    """The environment MPI jobs run with here (1 thread; yield rather than spin)."""
+    return dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1", **extra)
+
+
+def pal_cmd(nprocs: int, run_dir, *flags: str, fast: bool = True) -> list[str]:
+    """`mpiexec -n N python -m mpi4py -m pal_hpc.main [FAST_FLAGS] --run-dir DIR flags`."""
+    return [str(MPIEXEC), "-n", str(nprocs), sys.executable, "-m", "mpi4py", "-m",
+            "pal_hpc.main", *(FAST_FLAGS if fast else []), "--run-dir", str(run_dir), *flags]

@@ -60,10 +60,65 @@ def test_prune_keeps_newest(tmp_path):
     for step in (1, 2, 3, 4):
         write(tmp_path, step)
         ckpt.replay_path(ckpt.main_path(tmp_path, step), 0).write_bytes(b"x")
-    ckpt.prune(tmp_path, 2)
+    ckpt.replay_path(ckpt.main_path(tmp_path, 9), 0, "dead").write_bytes(b"x")  # orphan
+    notes = ckpt.Pruner(tmp_path, 2).prune()
     names = sorted(p.name for p in ckpt.checkpoint_dir(tmp_path).iterdir())
-    assert names == ["step_0000000003.h5", "step_0000000003_replay0.h5",
-                     "step_0000000004.h5", "step_0000000004_replay0.h5"]
+    # Replay files the kept checkpoints do not list (these list none) are orphans.
+    assert names == ["step_0000000003.h5", "step_0000000004.h5"]
+    assert len(notes) == 2 and all("deleted old checkpoint" in n for n in notes)
+
+
+def flip_byte(path):
+    with h5py.File(path, "r") as f:
+        offset = f["data"].id.get_offset()
+    raw = bytearray(path.read_bytes())
+    raw[offset + 8] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def test_prune_never_keeps_a_damaged_checkpoint_over_a_good_one(tmp_path):
+    """Pruning by step number alone deleted the good checkpoints and kept a corrupt
+    newest one (or a junk step_999999.h5); now damaged files are set aside."""
+    for step in (1, 2, 3):
+        write(tmp_path, step)
+    flip_byte(ckpt.main_path(tmp_path, 3))
+    junk = ckpt.checkpoint_dir(tmp_path) / "step_999999.h5"
+    junk.write_bytes(b"not a checkpoint at all")
+    notes = ckpt.Pruner(tmp_path, 1).prune()
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_0000000002.h5"]
+    assert ckpt.latest_valid(tmp_path).name == "step_0000000002.h5"
+    damaged = ckpt.checkpoint_dir(tmp_path) / ckpt.DAMAGED
+    moved = sorted(p.name for p in damaged.glob("*.h5"))
+    assert len(moved) == 2 and moved[0].startswith("step_0000000003.")
+    reasons = (damaged / "REASONS.txt").read_text()
+    assert "checksum mismatch" in reasons and "step_999999.h5: " in reasons
+    assert sum("set aside damaged" in n for n in notes) == 2
+
+
+def test_a_write_that_fails_leaves_no_temporary_and_keeps_the_old_file(tmp_path):
+    write(tmp_path, 5, 1.0)
+    path = ckpt.main_path(tmp_path, 5)
+    before = path.read_bytes()
+
+    def fill(f):
+        f.create_dataset("data", data=np.zeros(10))
+        raise OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        ckpt.write_atomic(path, fill)
+    assert path.read_bytes() == before
+    assert not list(ckpt.checkpoint_dir(tmp_path).glob("*.tmp"))
+
+
+def test_a_replay_file_or_foreign_file_is_not_a_checkpoint(tmp_path):
+    main = ckpt.main_path(tmp_path, 7)
+    replay = ckpt.replay_path(main, 0, "ab12cd34")
+    ckpt.write_atomic(replay, lambda f: f.create_dataset("raw", data=np.zeros(4)))
+    with pytest.raises(ckpt.CheckpointError, match=r"node 0's replay buffer.*pass .*step_0000000007\.h5"):
+        ckpt.verify_all(replay)
+    other = tmp_path / "other.h5"
+    ckpt.write_atomic(other, lambda f: f.create_dataset("x", data=np.zeros(4)))
+    with pytest.raises(ckpt.CheckpointError, match="not a pal_hpc checkpoint"):
+        ckpt.verify_all(other)
 
 
 def test_dqn_state_round_trip_is_exact(tmp_path):

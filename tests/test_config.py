@@ -40,11 +40,23 @@ def test_every_field_is_documented():
     # wrong types set directly on the dataclass
     ("batch_size", 64.0), ("batch_size", True), ("dueling", 1), ("hidden", [64.0]),
     ("env", 3), ("target_return", "high"),
+    # values that used to pass validation and crash (or hang) the run
+    ("lr", float("inf")), ("per_eps", float("inf")), ("replay_ratio", float("inf")),
+    ("replay_ratio", 1e300), ("seed", 99999999999999999999999), ("seed", 2**32),
+    ("wall_time", float("inf")), ("grad_clip", float("inf")), ("checkpoint_every", float("inf")),
+    ("target_return", float("-inf")),
 ])
 def test_bad_value_names_its_field(name, value):
     cfg = dataclasses.replace(Config(), **{name: value})
     with pytest.raises(ConfigError, match=rf"^{name}: "):
         cfg.validate()
+
+
+def test_overwrite_and_resume_exclude_each_other():
+    with pytest.raises(ConfigError, match="^overwrite: cannot be combined with --resume"):
+        Config(overwrite=True, resume="latest").validate()
+    Config(overwrite=True).validate()
+    Config(seed=2**32 - 1, replay_ratio=1e6).validate()
 
 
 def test_error_message_shows_the_value():

@@ -1,11 +1,17 @@
 """HDF5 checkpoints: written atomically, verified by checksum, loaded without pickle.
 
 A checkpoint is `<run dir>/checkpoints/step_<N>.h5` (N = learner updates), written by
-rank 0, plus `step_<N>_replay<k>.h5` per node when replay buffers are saved, each
+rank 0, plus `step_<N>_replay<k>_<tag>.h5` per node when replay buffers are saved, each
 written by that node's first rank (serial HDF5: one writer per file).  Every file is
 written to a temporary name, fsynced and renamed, and carries a checksum of all its
-datasets and attributes; the main file also records its replay files' checksums.
-A truncated or corrupt checkpoint is skipped, with a warning, for the previous one.
+datasets and attributes; the main file also records its replay files' checksums.  The
+tag is new for every checkpoint, so rewriting step N never touches the replay files
+an existing step_<N>.h5 verifies against.
+
+A truncated or corrupt checkpoint is skipped, with a warning, for the previous one;
+`Pruner` keeps the newest checkpoints that verify and moves damaged ones aside into
+`checkpoints/damaged/` (never deleting one that verifies in favour of one that does
+not).
 
 Values are stored as HDF5 datasets (arrays, tensors) and JSON attributes (numbers,
 strings, lists, None), so loading never executes code from the file.
@@ -14,9 +20,11 @@ strings, lists, None), so loading never executes code from the file.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -25,8 +33,13 @@ import h5py
 import numpy as np
 import torch
 
+from pal_hpc.io.rundir import check_space
+
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step_(\d+)\.h5$")
+_REPLAY_RE = re.compile(r"^(step_\d+)_replay(\d+)(?:_[0-9a-f]+)?\.h5$")
+DAMAGED = "damaged"          # checkpoints that failed verification
+SUPERSEDED = "superseded"    # newer than the one an explicit --resume PATH went back to
 
 
 class CheckpointError(RuntimeError):
@@ -41,32 +54,79 @@ def main_path(run_dir, step: int) -> Path:
     return checkpoint_dir(run_dir) / f"step_{step:010d}.h5"
 
 
-def replay_path(main: Path, node: int) -> Path:
-    return main.with_name(main.stem + f"_replay{node}.h5")
+def replay_path(main: Path, node: int, tag: str = "") -> Path:
+    """Node `node`'s replay file of checkpoint `main` (`tag` makes the name unique)."""
+    return main.with_name(main.stem + f"_replay{node}" + (f"_{tag}" if tag else "") + ".h5")
+
+
+def replay_file_of(main: Path, replay_files: dict, node: int) -> Path | None:
+    """The replay file a main checkpoint lists for `node`, or None."""
+    for name in replay_files:
+        m = _REPLAY_RE.match(name)
+        if m and m.group(1) == Path(main).stem and int(m.group(2)) == node:
+            return Path(main).with_name(name)
+    return None
 
 
 # -- writing ------------------------------------------------------------------
 
-def write_atomic(path: Path, fill: Callable[[h5py.File], None]) -> str:
+def write_atomic(path: Path, fill: Callable[[h5py.File], None], expected_bytes: int = 0,
+                 in_memory: bool = False) -> str:
     """Create `path` through a temporary file: fill it, add its checksum, fsync, rename.
 
     Returns the checksum.  A crash at any point leaves either no file or a whole one.
+    A failure (a full disk, say) removes the temporary file and raises `OSError`;
+    an existing file at `path` is left as it was.
+
+    HDF5 does not survive running out of space in the middle of a file: the handle can
+    neither be flushed nor closed, and the library may crash at exit.  So the space is
+    checked first (`expected_bytes`, plus a margin), and a small file is built in memory
+    with `in_memory=True` and written with plain I/O, where a full disk is an ordinary
+    error.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as f:
-        fill(f)
-        digest = content_checksum(f)
-        f.attrs["checksum"] = digest
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        if in_memory:
+            buf = io.BytesIO()
+            with h5py.File(buf, "w") as f:
+                digest = _fill_and_sign(f, fill)
+            data = buf.getbuffer()
+            check_space(tmp, len(data))
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        else:
+            check_space(tmp, expected_bytes)
+            with h5py.File(tmp, "w") as f:
+                digest = _fill_and_sign(f, fill)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, (OSError, RuntimeError)) and not isinstance(exc, CheckpointError):
+            # h5py reports a full disk as OSError or RuntimeError, depending on where
+            # HDF5 noticed, with a paragraph of HDF5 detail; one short OSError (the
+            # cause chained) for callers.
+            code = getattr(exc, "errno", None)
+            why = os.strerror(code) if code else str(exc).splitlines()[0]
+            raise OSError(code, f"{path.name}: {why}") from exc
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return digest
+
+
+def _fill_and_sign(f: h5py.File, fill: Callable[[h5py.File], None]) -> str:
+    fill(f)
+    digest = content_checksum(f)
+    f.attrs["checksum"] = digest
     return digest
 
 
@@ -180,18 +240,38 @@ def verify(path: Path) -> dict:
             if content_checksum(f) != stored:
                 raise CheckpointError(f"{path}: checksum mismatch (corrupt file)")
             return {k: f.attrs[k] for k in f.attrs}
-    except (OSError, KeyError) as exc:
+    except CheckpointError:
+        raise
+    except Exception as exc:           # h5py raises OSError, KeyError, ValueError... on junk
         raise CheckpointError(f"{path}: unreadable ({exc})") from None
 
 
 def verify_all(main: Path) -> dict:
-    """Verify a main checkpoint file and the replay files it lists; returns its attributes."""
+    """Verify a main checkpoint file and the replay files it lists; returns its attributes.
+
+    A replay file, or any HDF5 file that is not a main checkpoint, is refused with a
+    message saying which file to pass instead."""
+    main = Path(main)
+    m = _REPLAY_RE.match(main.name)
+    if m:
+        raise CheckpointError(f"{main}: this is node {m.group(2)}'s replay buffer, not a "
+                              f"checkpoint; pass {main.with_name(m.group(1) + '.h5')} (it "
+                              f"lists its replay files), or --resume latest")
     attrs = verify(main)
-    for name, digest in json.loads(attrs.get("replay_files", "{}")).items():
-        rattrs = verify(Path(main).with_name(name))
+    if "config" not in attrs or "replay_files" not in attrs:
+        raise CheckpointError(f"{main}: not a pal_hpc checkpoint (no config); pass a "
+                              f"checkpoints/step_<N>.h5 file, or --resume latest")
+    for name, digest in json.loads(attrs["replay_files"]).items():
+        rattrs = verify(main.with_name(name))
         if rattrs["checksum"] != digest:
-            raise CheckpointError(f"{name}: does not belong to {Path(main).name}")
+            raise CheckpointError(f"{name}: does not belong to {main.name}")
     return attrs
+
+
+def step_of(main: Path) -> int | None:
+    """N of a `step_<N>.h5` file; None for any other name."""
+    m = _STEP_RE.match(Path(main).name)
+    return int(m.group(1)) if m else None
 
 
 def list_checkpoints(run_dir) -> list[Path]:
@@ -203,20 +283,93 @@ def list_checkpoints(run_dir) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_valid(run_dir) -> Path:
-    """The newest checkpoint that verifies; warns about each newer one that does not."""
+def latest_valid(run_dir, skipped: list | None = None) -> Path:
+    """The newest checkpoint that verifies; warns about each newer one that does not
+    (and appends `(path, reason)` for it to `skipped` when given)."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             verify_all(path)
             return path
         except CheckpointError as exc:
+            if skipped is not None:
+                skipped.append((path, str(exc)))
             warnings.warn(f"skipping checkpoint: {exc}; trying the previous one", stacklevel=2)
     raise CheckpointError(f"no valid checkpoint in {checkpoint_dir(run_dir)}")
 
 
-def prune(run_dir, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints (and their replay files)."""
-    for path in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        for extra in path.parent.glob(path.stem + "_replay*.h5"):
-            extra.unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
+def set_aside(main: Path, reason: str, folder: str = DAMAGED) -> Path:
+    """Move a checkpoint (and the replay files named after it) into `checkpoints/<folder>/`
+    (`damaged/` by default), recording why in `<folder>/REASONS.txt`; returns the new path.
+    Set-aside files no longer count as checkpoints of the run, and nothing deletes them."""
+    main = Path(main)
+    dest = main.parent / folder
+    dest.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = dest / f"{main.stem}.{stamp}{main.suffix}"
+    for extra in main.parent.glob(main.stem + "_replay*.h5"):
+        os.replace(extra, dest / f"{extra.stem}.{stamp}{extra.suffix}")
+    os.replace(main, moved)
+    with open(dest / "REASONS.txt", "a", encoding="utf-8") as fh:
+        fh.write(f"{stamp} {main.name}: {reason}\n")
+    return moved
+
+
+class Pruner:
+    """Keeps the newest `keep` checkpoints of a run directory that verify.
+
+    Each file is verified once per job (files this job wrote, or resumed from, are
+    known good); one that fails is moved aside (`set_aside`), not deleted and not
+    counted, so a damaged or junk file never pushes a good one out.  Replay files no
+    kept checkpoint lists (left by a failed checkpoint) are deleted."""
+
+    def __init__(self, run_dir, keep: int):
+        self.run_dir = Path(run_dir)
+        self.keep = max(1, int(keep))
+        self._good: dict[Path, tuple[int, int]] = {}     # path -> (size, mtime_ns) verified
+
+    def mark_good(self, main: Path) -> None:
+        """Record that `main` (and its replay files) verified or was just written."""
+        st = Path(main).stat()
+        self._good[Path(main)] = (st.st_size, st.st_mtime_ns)
+
+    def _verified(self, main: Path) -> str:
+        """"" if `main` verifies, else the reason."""
+        st = main.stat()
+        if self._good.get(main) == (st.st_size, st.st_mtime_ns):
+            return ""
+        try:
+            verify_all(main)
+        except CheckpointError as exc:
+            return str(exc)
+        self.mark_good(main)
+        return ""
+
+    def prune(self) -> list[str]:
+        """Apply the policy; returns one line per file set aside or deleted."""
+        notes: list[str] = []
+        kept: list[Path] = []
+        for main in reversed(list_checkpoints(self.run_dir)):
+            if len(kept) < self.keep:
+                reason = self._verified(main)
+                if reason:
+                    moved = set_aside(main, reason)
+                    notes.append(f"set aside damaged checkpoint {main.name} -> {moved} "
+                                 f"({reason})")
+                else:
+                    kept.append(main)
+                continue
+            for extra in main.parent.glob(main.stem + "_replay*.h5"):
+                extra.unlink(missing_ok=True)
+            main.unlink(missing_ok=True)
+            self._good.pop(main, None)
+            notes.append(f"deleted old checkpoint {main.name}")
+        listed = set()
+        for main in kept:
+            with h5py.File(main, "r") as f:
+                listed.update(json.loads(f.attrs["replay_files"]))
+        # Every checkpoint left is in `kept`: a replay file none of them lists is an
+        # orphan (of a failed write, or of a step rewritten with a new tag).
+        for extra in checkpoint_dir(self.run_dir).glob("step_*_replay*.h5"):
+            if extra.name not in listed:
+                extra.unlink(missing_ok=True)
+        return notes

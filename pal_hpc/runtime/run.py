@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
+import sys
 import warnings
 import os
 import time
 from collections import deque
 from pathlib import Path
 
+import gymnasium as gym
 import h5py
 import numpy as np
 import torch
@@ -26,10 +29,12 @@ from mpi4py import MPI
 from pal_hpc.algos import ALGOS
 from pal_hpc.config import ConfigError, config_to_dict
 from pal_hpc.io import checkpoint as ckpt
+from pal_hpc.io.rundir import claim_run_dir
 from pal_hpc.dist.topology import pick_device
 from pal_hpc.dist.weights import WeightStore
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime import signals
+from pal_hpc.runtime.abort import JobError
 from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.actor import Actor, evaluate
 from pal_hpc.runtime.envs import make_env, obs_info
@@ -96,7 +101,8 @@ class Coordinator:
         if now - self.last_print >= self.cfg.progress_every:
             self.progress(total, now)
         if total[S.PREEMPT] > 0:
-            self.stop_reason = "SIGTERM/SIGUSR1: checkpoint and exit"
+            self.stop_reason = (f"{signals.requested or 'SIGTERM/SIGUSR1/SIGINT'}: "
+                                f"checkpoint and exit")
         elif self.target_hit is not None:
             self.stop_reason = f"target return {self.cfg.target_return} reached"
         elif total[S.ENV_STEPS] >= self.cfg.total_steps:
@@ -136,6 +142,10 @@ class RankRun:
         self.cfg, self.topo = cfg, topo
         self.world, me = topo.world, topo.me
         self.me = me
+        # Before anything is allocated: the run directory is writable, not another
+        # run's, and this job's alone (rank 0 holds its lock until the process ends).
+        self.run_dir_lock = _on_rank0(self.world, lambda: claim_run_dir(
+            cfg.resolved_run_dir(), cfg.resume, cfg.overwrite))
         torch.set_num_threads(cfg.torch_threads)
         # Adam's second moments of small gradients decay into float32 denormals, and
         # x86 arithmetic on denormals is ~50x slower: it made the optimizer step the
@@ -143,14 +153,19 @@ class RankRun:
         torch.set_flush_denormal(True)
         probe = make_env(cfg.env, cfg.seed)
         obs_shape, obs_dtype = obs_info(probe)
+        if not isinstance(probe.action_space, gym.spaces.Discrete):
+            raise ConfigError(f"env: {cfg.algo} needs a Discrete action space; {cfg.env} has "
+                              f"{probe.action_space}")
         n_actions = int(probe.action_space.n)
         probe.close()
 
         node_roles = [r for r in topo.roles if r.node == me.node]
         self.n_actors = sum(r.is_actor for r in topo.roles)
         self.n_learners = sum(r.is_learner for r in topo.roles)
-        self.replay = SharedReplay(transition_spec(obs_shape, obs_dtype), cfg.replay_capacity,
-                                   comm=topo.node, regions=sum(r.is_actor for r in node_roles),
+        spec = transition_spec(obs_shape, obs_dtype)
+        regions = sum(r.is_actor for r in node_roles)
+        check_replay_fits(self.world, topo.node, spec, cfg, regions)
+        self.replay = SharedReplay(spec, cfg.replay_capacity, comm=topo.node, regions=regions,
                                    fanout=cfg.fanout, alpha=cfg.per_alpha, eps=cfg.per_eps)
         Algo = ALGOS[cfg.algo]
 
@@ -189,6 +204,8 @@ class RankRun:
         self.coord = None
         self.start = 0.0
         self.restored: dict = {}        # wall time and evaluations of the run we resume
+        self.pruner = ckpt.Pruner(cfg.resolved_run_dir(), cfg.keep_checkpoints)
+        self.last_good = ""             # rank 0: the newest checkpoint known to verify
         self.resumed_from = ""
         self.start_digest = ""
         if cfg.resume:
@@ -364,12 +381,17 @@ class RankRun:
         if self.actor is not None:
             self.actor.close()
         wait_all(world)
-        if self.telemetry.log is not None:
-            self.telemetry.log.close()
+        self.telemetry.close_log()
         self.telemetry.comm.Free()
         self.weights.free()
         self.replay.close()
         self.ckpt_comm.Free()
+        if self.run_dir_lock is not None:
+            self.run_dir_lock.release()
+        if checkpoint is None:
+            raise JobError(f"the final checkpoint could not be written (see the error "
+                           f"above); the newest checkpoint on disk is "
+                           f"{world.bcast(self.last_good, root=0) or 'none'}")
         return summary
 
     def _summary(self, totals: np.ndarray, final_eval: np.ndarray, identical: bool,
@@ -378,8 +400,8 @@ class RankRun:
         wall = time.monotonic() - self.start
         coord.observe(totals)           # episodes and evaluations since the last round
         final_mean = float(final_eval[0] / final_eval[1]) if final_eval[1] else None
-        if final_mean is not None and self.telemetry.log is not None:
-            self.telemetry.log.append("evaluation", np.array(
+        if final_mean is not None:
+            self.telemetry.write_now("evaluation", np.array(
                 [(int(totals[S.ENV_STEPS]), wall, final_mean, np.nan, int(final_eval[1]))],
                 dtype=EVALUATION))
         means = [e["mean_return"] for e in coord.evals]
@@ -400,7 +422,7 @@ class RankRun:
             "ranks": self.world.Get_size(), "nodes": self.topo.n_nodes,
             "actors": self.n_actors, "learners": self.n_learners,
             "learner_params_identical": identical,
-            "checkpoint": checkpoint,
+            "checkpoint": checkpoint,       # None: the final checkpoint failed
             "resumed_from": self.resumed_from or None,
             "params_digest_at_start": self.start_digest or None,
             "replay_size_at_start": self.start_replay_size,
@@ -408,7 +430,6 @@ class RankRun:
             "evaluations": coord.evals,
         }
         run_dir = Path(cfg.resolved_run_dir())
-        run_dir.mkdir(parents=True, exist_ok=True)
         _write_json(run_dir / "config.json", config_to_dict(cfg))
         _write_json(run_dir / "summary.json", summary)
         short = {k: v for k, v in summary.items() if k != "evaluations"}
@@ -417,34 +438,70 @@ class RankRun:
 
 
     # -- checkpoints -------------------------------------------------------------
-    def _checkpoint(self, totals: np.ndarray) -> str:
+    def _checkpoint(self, totals: np.ndarray) -> str | None:
         """Collective over every rank, at a safe point (learners paused after the same
         step, actors between steps): replay files by each node's first rank, then the
-        main file by rank 0.  Returns the main file's path."""
+        main file by rank 0.  Returns the main file's path on every rank, or None when
+        a file could not be written: that is reported, what was written of this
+        checkpoint is removed, and the previous checkpoint stays the newest."""
         cfg, world, me = self.cfg, self.ckpt_comm, self.me
         wait_all(world)               # nobody on the node touches the replay from here on
         step = self.learner.updates if self.learner is not None else 0
-        step = world.bcast(step, root=0)
+        # A new tag per checkpoint: rewriting step N never replaces the replay files
+        # an existing step_N.h5 verifies against.
+        step, tag = world.bcast((step, secrets.token_hex(4)), root=0)
         main = ckpt.main_path(cfg.resolved_run_dir(), step)
-        replay_digest = ("", "")
+        replay_file = ("", "", "")    # (name, checksum, error)
         if cfg.checkpoint_replay and me.local_rank == 0:
-            path = ckpt.replay_path(main, me.node)
-            raw = self.replay.state_bytes()
-            sig = json.dumps(self.replay.signature())
-
-            def fill_replay(f):
-                f.attrs["format"] = ckpt.FORMAT_VERSION
-                f.attrs["signature"] = sig
-                f.create_dataset("raw", data=raw, chunks=True)
-            replay_digest = (path.name, ckpt.write_atomic(path, fill_replay))
-        rank_state = self._rank_state()
-        gathered = world.gather((rank_state, replay_digest), root=0)
+            path = ckpt.replay_path(main, me.node, tag)
+            state = self.replay.state_arrays()
+            try:
+                replay_file = (path.name, ckpt.write_atomic(
+                    path, lambda f: self._fill_replay(f, state),
+                    expected_bytes=sum(a.nbytes for a in state.values())), "")
+            except OSError as exc:
+                replay_file = ("", "", f"node {me.node}'s replay: {exc}")
+        gathered = world.gather((self._rank_state(), replay_file), root=0)
+        written = None
         if world.Get_rank() == 0:
-            replay_files = {name: d for _, (name, d) in gathered if name}
-            self._write_main(main, step, totals, [s for s, _ in gathered], replay_files)
-            ckpt.prune(cfg.resolved_run_dir(), cfg.keep_checkpoints)
+            errors = [err for _, (_, _, err) in gathered if err]
+            replay_files = {name: digest for _, (name, digest, _) in gathered if name}
+            if not errors:
+                try:
+                    self._write_main(main, step, totals, [s for s, _ in gathered], replay_files)
+                    written = str(main)
+                except OSError as exc:
+                    errors.append(str(exc))
+            if written:
+                self._after_checkpoint(main)
+            else:
+                for name in replay_files:
+                    main.with_name(name).unlink(missing_ok=True)
+                print(f"pal_hpc: error: checkpoint at update {step} not written: "
+                      f"{'; '.join(errors)}; the newest checkpoint is still "
+                      f"{self.last_good or 'none'}", file=sys.stderr, flush=True)
+        written = world.bcast(written, root=0)
         wait_all(world)
-        return str(main)
+        return written
+
+    def _after_checkpoint(self, main: Path) -> None:
+        """Rank 0: note the new checkpoint and prune (a failure here costs no checkpoint)."""
+        self.last_good = str(main)
+        self.pruner.mark_good(main)
+        try:
+            for note in self.pruner.prune():
+                print(f"pal_hpc: {note}", flush=True)
+        except OSError as exc:
+            print(f"pal_hpc: warning: pruning checkpoints failed: {exc}", file=sys.stderr,
+                  flush=True)
+
+    def _fill_replay(self, f: h5py.File, state: dict) -> None:
+        """A node's replay file: the buffer's signature and its written rows only."""
+        f.attrs["format"] = ckpt.FORMAT_VERSION
+        f.attrs["signature"] = json.dumps(self.replay.signature())
+        group = f.create_group("replay")
+        for name, arr in state.items():
+            group.create_dataset(name, data=arr, chunks=True if arr.size else None)
 
     def _rank_state(self) -> dict:
         actor = self.actor
@@ -456,6 +513,7 @@ class RankRun:
             "learner_rng": (json.dumps(self.learner.rng.bit_generator.state)
                             if self.learner is not None else ""),
             "torch_rng": torch.get_rng_state().numpy(),
+            "next_eval": float(self.next_eval),
         }
 
     def _write_main(self, main: Path, step: int, totals, states: list, replay_files: dict) -> None:
@@ -483,30 +541,14 @@ class RankRun:
                 g.attrs["stats"] = json.dumps(st["stats"])
                 g.attrs["np_rng"] = st["np_rng"]
                 g.attrs["learner_rng"] = st["learner_rng"]
-        ckpt.write_atomic(main, fill)
+                g.attrs["next_eval"] = st["next_eval"]
+        ckpt.write_atomic(main, fill, in_memory=True)     # networks + optimizer: tens of MB at most
 
     def _resume(self) -> None:
         """Restore parameters, optimizer, counters, RNG states and replay buffers."""
         cfg, world, me = self.cfg, self.world, self.me
-        found = err = None
-        if world.Get_rank() == 0:
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    if cfg.resume == "auto" and not ckpt.list_checkpoints(cfg.resolved_run_dir()):
-                        found = None                 # a first start: nothing to resume
-                    elif cfg.resume in ("latest", "auto"):
-                        found = str(ckpt.latest_valid(cfg.resolved_run_dir()))
-                    else:
-                        ckpt.verify_all(Path(cfg.resume))
-                        found = cfg.resume
-                for w in caught:
-                    print(f"pal_hpc: warning: {w.message}", flush=True)
-            except ckpt.CheckpointError as exc:
-                err = str(exc)
-        found, err = world.bcast((found, err), root=0)
-        if err:
-            raise ConfigError(f"resume: {err}")
+        found = _on_rank0(world, self._find_checkpoint)
+        found = world.bcast(found, root=0)
         if found is None:
             return
         with h5py.File(found, "r") as f:
@@ -527,21 +569,65 @@ class RankRun:
                 self.actor.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
             if self.learner is not None and g.attrs.get("learner_rng", ""):
                 self.learner.rng.bit_generator.state = json.loads(g.attrs["learner_rng"])
+            if "next_eval" in g.attrs:        # else the evaluator evaluates at once
+                self.next_eval = float(g.attrs["next_eval"])
             self.restored = {"wall_s": float(f.attrs["wall_s"]),
                              "evals": json.loads(f.attrs["evals"])}
             replay_files = json.loads(f.attrs["replay_files"])
-        name = ckpt.replay_path(Path(found), me.node).name
-        if me.local_rank == 0 and name in replay_files:
-            with h5py.File(Path(found).with_name(name), "r") as rf:
+        replay_file = ckpt.replay_file_of(Path(found), replay_files, me.node)
+        if me.local_rank == 0 and replay_file is not None:
+            with h5py.File(replay_file, "r") as rf:
                 if json.loads(rf.attrs["signature"]) != json.loads(json.dumps(self.replay.signature())):
                     raise ConfigError("replay_capacity: the saved replay buffer does not match "
                                       "this run's (capacity, fanout, spec or regions differ)")
-                self.replay.load_state_bytes(rf["raw"][()])
+                group = rf["replay"]
+                self.replay.load_state_arrays({name: group[name][()] for name in group})
         self.resumed_from = found
         wait_all(world)
         if world.Get_rank() == 0:
             print(f"pal_hpc: resumed from {found} (update {self.learner.updates}, "
                   f"{int(self.stats.mine[S.ENV_STEPS])} env steps on rank 0)", flush=True)
+
+    def _find_checkpoint(self) -> str | None:
+        """Rank 0: the checkpoint --resume names (verified), or None for a first start
+        under --resume auto.  Raises ConfigError when there is none to resume."""
+        cfg = self.cfg
+        run_dir = cfg.resolved_run_dir()
+        skipped: list = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if cfg.resume == "auto" and not ckpt.list_checkpoints(run_dir):
+                    found = None                 # a first start: nothing to resume
+                elif cfg.resume in ("latest", "auto"):
+                    found = str(ckpt.latest_valid(run_dir, skipped))
+                else:
+                    ckpt.verify_all(Path(cfg.resume))
+                    found = cfg.resume
+            for w in caught:
+                print(f"pal_hpc: warning: {w.message}", flush=True)
+        except ckpt.CheckpointError as exc:
+            raise ConfigError(f"resume: {exc}") from None
+        # What failed to verify is set aside now, so no later prune or resume counts it.
+        for path, reason in skipped:
+            moved = ckpt.set_aside(path, reason)
+            print(f"pal_hpc: set aside damaged checkpoint {path.name} -> {moved}", flush=True)
+        if found is None:
+            return None
+        self.pruner.mark_good(Path(found))
+        self.last_good = found
+        # Going back to an older checkpoint abandons the newer ones: set them aside, so
+        # that neither pruning nor a later --resume latest mistakes them for this run's.
+        mine = Path(found).resolve()
+        step = ckpt.step_of(mine)
+        if mine.parent == ckpt.checkpoint_dir(run_dir).resolve() and step is not None:
+            newer = [p for p in ckpt.list_checkpoints(run_dir) if ckpt.step_of(p) > step]
+            for p in newer:
+                moved = ckpt.set_aside(p, f"newer than {mine.name}, which --resume went back "
+                                          f"to", folder=ckpt.SUPERSEDED)
+                print(f"pal_hpc: set aside {p.name} -> {moved} (newer than the checkpoint "
+                      f"resumed from)", flush=True)
+        return found
 
     def _check_fits(self, attrs) -> None:
         """Refuse, naming the field, a checkpoint whose shapes differ from this run's."""
@@ -560,15 +646,91 @@ class RankRun:
                               f"laid out as {layout}; this run has {len(now)} laid out as {now}")
 
 
+def _on_rank0(comm: MPI.Comm, fn):
+    """Run `fn` on rank 0 of `comm`; a ConfigError it raises is raised on every rank
+    (identically, so the job rejects it once).  Returns fn's result on rank 0."""
+    result = err = None
+    if comm.Get_rank() == 0:
+        try:
+            result = fn()
+        except ConfigError as exc:
+            err = str(exc)
+    err = comm.bcast(err, root=0)
+    if err:
+        raise ConfigError(err)
+    return result
+
+
+def available_memory() -> tuple[int, str]:
+    """Bytes this node can still give a shared-memory window, and where that limit is:
+    the smaller of MemAvailable and the free space of /dev/shm (MPICH's windows live
+    there, and containers often give it far less than the machine has)."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    limits.append((int(line.split()[1]) * 1024, "MemAvailable"))
+    except OSError:
+        pass
+    try:
+        st = os.statvfs("/dev/shm")
+        limits.append((st.f_bavail * st.f_frsize, "free space in /dev/shm"))
+    except OSError:
+        pass
+    return min(limits) if limits else (1 << 62, "unknown")
+
+
+# The replay window may take at most this share of what the node has free: actors,
+# learners, torch and the page cache need the rest.
+MAX_REPLAY_SHARE = 0.8
+
+
+def check_replay_fits(world: MPI.Comm, node: MPI.Comm, spec: dict, cfg, regions: int) -> None:
+    """Refuse, before allocating, replay windows larger than the host can hold (an Atari
+    buffer at the default capacity can ask for more than the whole machine).  Collective
+    over `world`; virtual nodes on one host add up."""
+    try:
+        need = SharedReplay.window_nbytes(spec, cfg.replay_capacity, regions=regions,
+                                          fanout=cfg.fanout)
+    except (ValueError, OverflowError, MemoryError) as exc:
+        raise ConfigError(f"replay_capacity: {cfg.replay_capacity:,} transitions cannot be "
+                          f"laid out ({exc}); lower --replay-capacity") from None
+
+    host = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    try:
+        windows = host.allreduce(1 if node.Get_rank() == 0 else 0)
+
+        def check():
+            free, where = available_memory()
+            if need * windows > MAX_REPLAY_SHARE * free:
+                per = need / cfg.replay_capacity
+                fits = int(MAX_REPLAY_SHARE * free / windows / per)
+                raise ConfigError(
+                    f"replay_capacity: {cfg.replay_capacity:,} transitions of {per:,.0f} B "
+                    f"need {need / 2**30:,.2f} GiB of shared memory per node"
+                    + (f" ({windows} replay buffers on this host)" if windows > 1 else "")
+                    + f", but this host has {free / 2**30:,.2f} GiB free ({where}); lower "
+                    f"--replay-capacity to at most {fits:,}")
+        _on_rank0(host, check)
+    finally:
+        host.Free()
+
+
 def _digest(algo) -> str:
     return hashlib.sha256(algo.get_flat_params().tobytes()).hexdigest()
 
 
 def _write_json(path: Path, obj) -> None:
-    """Write via a temporary file and a rename, so a reader never sees half a file."""
+    """Write via a temporary file and a rename, so a reader never sees half a file.
+    A failure (a full disk) is reported and leaves the old file, if any."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"pal_hpc: error: could not write {path}: {exc}", file=sys.stderr, flush=True)
 
 
 def train(cfg, topo) -> dict | None:

@@ -9,11 +9,13 @@ and an end marker, and rank 0 drains until it has heard from everyone.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+from pal_hpc.io.rundir import DISK_MARGIN, free_bytes
 from pal_hpc.io.schema import STREAMS
 
 TAGS = {name: 100 + i for i, name in enumerate(STREAMS)}
@@ -32,6 +34,90 @@ class Telemetry:
         self.rows: dict[str, list] = {name: [] for name in STREAMS}
         self._inflight: list[tuple] = []        # (request, buffer) until complete
         self._last_send = time.monotonic()
+        self._held: dict[str, list] = {name: [] for name in STREAMS}   # disk full: waiting
+        self._disk_full = False
+        self._last_write = time.monotonic()
+        self.dropped_rows = 0
+        self.broken_log = None
+
+    # Rows reach the HDF5 file only in `_write_log`: all held rows appended, then one
+    # flush, right after a check that the disk has room.  HDF5 cannot recover a file
+    # that ran out of space mid-write (the handle can be neither flushed nor closed, and
+    # the library may crash at exit), so it never holds unwritten rows for long: on a
+    # full disk rows wait here (up to HELD_ROWS per stream, the oldest dropped beyond)
+    # and go in once there is room.
+    HELD_ROWS = 200_000
+
+    def _disk_ok(self, nbytes: int) -> bool:
+        try:
+            free = free_bytes(self.log.path)
+        except OSError:
+            return True             # cannot tell: let the write itself decide
+        ok = free >= DISK_MARGIN + 4 * nbytes
+        if not ok and not self._disk_full:
+            print(f"pal_hpc: error: the disk holding {self.log.path} is full "
+                  f"({free / 2**20:.1f} MiB free); metrics wait in memory until there is "
+                  f"room, training goes on", file=sys.stderr, flush=True)
+        elif ok and self._disk_full:
+            print(f"pal_hpc: the disk holding {self.log.path} has room again; writing the "
+                  f"held metrics", file=sys.stderr, flush=True)
+        self._disk_full = not ok
+        return ok
+
+    def _to_log(self, name: str, arr: np.ndarray) -> None:
+        if self.log is None:
+            return
+        held = self._held[name]
+        held.append(arr)
+        while sum(len(a) for a in held) > self.HELD_ROWS:
+            self.dropped_rows += len(held.pop(0))
+
+    def _write_log(self, force: bool = False) -> None:
+        """Every `log.flush_every` seconds (or now): the held rows into the file, flushed."""
+        if self.log is None:
+            return
+        if not force and time.monotonic() - self._last_write < self.log.flush_every:
+            return
+        self._last_write = time.monotonic()
+        pending = sum(a.nbytes for held in self._held.values() for a in held)
+        if not self._disk_ok(pending):
+            return
+        try:
+            for name, held in self._held.items():
+                if held:
+                    self.log.append(name, np.concatenate(held) if len(held) > 1 else held[0])
+                    held.clear()
+            self.log.flush()
+        except (OSError, RuntimeError) as exc:
+            # A race with the space check, or an I/O error: drop the log, never touch
+            # (nor close) it again; the rows flushed before stay readable.
+            print(f"pal_hpc: error: metrics log {self.log.path} cannot be written ({exc}); "
+                  f"training goes on without it", file=sys.stderr, flush=True)
+            self.broken_log, self.log = self.log, None
+
+    def write_now(self, stream: str, records: np.ndarray) -> None:
+        """Rank 0: add rows to the log straight away (the summary's final evaluation)."""
+        self._to_log(stream, records)
+        self._write_log(force=True)
+
+    def close_log(self) -> None:
+        """Rank 0: write what is held and close the log (failures are reported)."""
+        if self.log is not None:
+            self._write_log(force=True)
+        if self.log is not None:
+            if not any(self._held.values()):   # else the disk is full: closing would fail
+                try:
+                    self.log.close()
+                except (OSError, RuntimeError) as exc:
+                    print(f"pal_hpc: error: closing {self.log.path} failed: {exc}",
+                          file=sys.stderr, flush=True)
+            else:
+                self.broken_log = self.log
+            self.log = None
+        lost = self.dropped_rows + sum(len(a) for h in self._held.values() for a in h)
+        if lost:
+            print(f"pal_hpc: error: {lost} metrics rows could not be written (disk full)",
+                  file=sys.stderr, flush=True)
 
     def record(self, stream: str, row: tuple) -> None:
         """Queue one row (a tuple in the stream's field order)."""
@@ -42,8 +128,7 @@ class Telemetry:
         if self.root:
             self._drain()
             self._store_own()
-            if self.log is not None:
-                self.log.maybe_flush()
+            self._write_log()
             return
         self._inflight = [(req, buf) for req, buf in self._inflight if not req.Test()]
         now = time.monotonic()
@@ -69,8 +154,7 @@ class Telemetry:
                 else:
                     time.sleep(0.001)
             self._store_own()
-            if self.log is not None:
-                self.log.flush()
+            self._write_log(force=True)
             return
         self._send_all()
         self._inflight.append((self.comm.Isend([bytearray(0), MPI.BYTE], dest=0, tag=END), None))
@@ -100,13 +184,12 @@ class Telemetry:
         name = STREAM_OF[status.Get_tag()]
         buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
         self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=status.Get_tag())
-        if self.log is not None:
-            self.log.append(name, buf.view(STREAMS[name]))
+        self._to_log(name, buf.view(STREAMS[name]))
 
     def _store_own(self) -> None:
         for name, rows in self.rows.items():
-            if rows and self.log is not None:
-                self.log.append(name, np.array(rows, dtype=STREAMS[name]))
+            if rows:
+                self._to_log(name, np.array(rows, dtype=STREAMS[name]))
             rows.clear()
 
 
