@@ -1,14 +1,20 @@
 """Offline analysis of runs: a table per run and PNG plots.
 
-    python -m pal_hpc.analyze RUN [RUN ...] [--threshold 475] [--out DIR]
+    python -m pal_hpc.analyze RUN [RUN ...] [--threshold R] [--out DIR]
 
-RUN is a run directory (holding `metrics.h5`, and `summary.json`/`config.json` once the
-run has ended) or a `metrics.h5` path.  A run still in progress or killed (no
-`summary.json`) is analysed from what its metrics log holds so far.
+RUN is a run directory (holding `metrics.h5`, maybe more log segments `metrics.1.h5`...,
+and `summary.json`/`config.json` once the run has ended) or a `metrics.h5` path.  A run
+still in progress or killed (no `summary.json`) is analysed from what its log holds so
+far.  A RUN that cannot be read is reported, naming the file; the others are still
+analysed and the exit status is 1.
+
+Runs are grouped by (algorithm, environment).  A run counts as solved at its config's
+`target_return`; --threshold applies to runs without one.
 
 Plots written into --out (default: the run's directory for one run, ./analysis for
-several): learning_curve_steps.png, learning_curve_wall.png, throughput.png, and
-scaling.png when the runs have at least two different rank counts.
+several), in a subdirectory per group when there are several groups:
+learning_curve_steps.png, learning_curve_wall.png, throughput.png, and scaling.png when
+the group's runs have at least two different rank counts.
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from pal_hpc.io.metrics import read_metrics
+from pal_hpc.io.metrics import FIRST_SEGMENT, log_segments, read_metrics, read_run_metrics
 
 ACTOR_BIT, LEARNER_BIT = 1, 2      # system stream `role`: 1 actor, 2 learner, 3 both
 THROUGHPUT_POINTS = 200            # time grid of throughput.png
@@ -30,7 +37,7 @@ THROUGHPUT_POINTS = 200            # time grid of throughput.png
 
 @dataclass
 class Run:
-    """One run's files: its metrics log and, once it ended, its summary."""
+    """One run's files: its metrics log (all segments) and, once it ended, its summary."""
 
     name: str
     dir: Path
@@ -40,15 +47,41 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """Read a run directory or a metrics.h5 path."""
+    """Read a run directory (every log segment) or a metrics file.
+
+    Raises OSError (FileNotFoundError, MetricsReadError) naming the file it could
+    not read."""
     path = Path(path)
-    h5 = path / "metrics.h5" if path.is_dir() else path
-    if not h5.is_file():
-        raise FileNotFoundError(f"{path}: no metrics.h5 there")
-    run_dir = h5.parent
-    return Run(name=run_dir.resolve().name, dir=run_dir, metrics=read_metrics(h5),
+    if path.is_dir():
+        run_dir, metrics = path, read_run_metrics(path)
+    elif path.is_file():
+        run_dir = path.parent
+        # A run's own log file stands for the whole run, segments included.
+        metrics = read_run_metrics(run_dir) if path in log_segments(run_dir) \
+            else read_metrics(path)
+    else:
+        raise FileNotFoundError(f"{path}: no such run directory or {FIRST_SEGMENT}")
+    return Run(name=run_dir.resolve().name, dir=run_dir, metrics=metrics,
                summary=_read_json(run_dir / "summary.json"),
                config=_read_json(run_dir / "config.json"))
+
+
+def run_config(run: Run) -> dict:
+    """The run's config: the log's copy, updated by config.json where the run wrote one."""
+    logged = run.metrics["attrs"].get("config")
+    return {**(logged if isinstance(logged, dict) else {}), **(run.config or {})}
+
+
+def group_key(run: Run) -> tuple[str, str]:
+    """(algorithm, environment) of the run; "?" where the config does not say."""
+    cfg = run_config(run)
+    return str(cfg.get("algo") or "?"), str(cfg.get("env") or "?")
+
+
+def run_threshold(run: Run, default: float | None) -> float | None:
+    """The return that counts as solved: the run's target_return, else `default`."""
+    target = run_config(run).get("target_return")
+    return float(target) if isinstance(target, (int, float)) else default
 
 
 def _read_json(path: Path) -> dict | None:
@@ -93,7 +126,7 @@ def evaluations(run: Run) -> np.ndarray:
     return ev[np.argsort(ev["wall_s"], kind="stable")]
 
 
-def run_stats(run: Run, threshold: float) -> dict:
+def run_stats(run: Run, threshold: float | None) -> dict:
     """The table's numbers; the summary wins where it has them (the run's final word)."""
     m, summary = run.metrics, run.summary or {}
     streams = [m[s] for s in ("episodes", "learner", "evaluation", "system")]
@@ -101,7 +134,7 @@ def run_stats(run: Run, threshold: float) -> dict:
     walls = [float(a["wall_s"].max()) for a in streams if a.size]
     ev = evaluations(run)
     means = ev["mean_return"]
-    hit = np.flatnonzero(means >= threshold)
+    hit = np.flatnonzero(means >= threshold) if threshold is not None else means[:0]
     final = summary.get("final_eval_return")
     if final is None and means.size:
         final = float(means[-1])
@@ -122,6 +155,8 @@ def run_stats(run: Run, threshold: float) -> dict:
         "learner_updates_per_s": learner_tp, "learner_ranks": n_learners,
         "final_replay_fill": final_replay_fill(m["system"]),
         "complete": run.summary is not None,
+        "segments": len(m.get("segments", [None])),
+        "unreadable": [p.name for p in m.get("unreadable", {})],
     }
 
 
@@ -135,8 +170,9 @@ def _ranks(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
-def format_table(run: Run, stats: dict, threshold: float) -> str:
+def format_table(run: Run, stats: dict, threshold: float | None) -> str:
     """A two-column table of one run's numbers."""
+    target = f"{threshold:g}" if threshold is not None else "threshold (none given)"
     rows = [
         ("status", "complete" if stats["complete"]
          else "in progress or killed (no summary.json)"),
@@ -146,8 +182,8 @@ def format_table(run: Run, stats: dict, threshold: float) -> str:
         ("evaluations", _fmt(stats["evaluations"], "d")),
         ("final eval return", _fmt(stats["final_eval_return"], ".1f")),
         ("best eval return", _fmt(stats["best_eval_return"], ".1f")),
-        (f"env steps to {threshold:g}", _fmt(stats["steps_to_threshold"], ",d")),
-        (f"seconds to {threshold:g}", _fmt(stats["seconds_to_threshold"], ".1f", " s")),
+        (f"env steps to {target}", _fmt(stats["steps_to_threshold"], ",d")),
+        (f"seconds to {target}", _fmt(stats["seconds_to_threshold"], ".1f", " s")),
         (f"actor env steps/s ({_ranks(stats['actor_ranks'])})",
          _fmt(stats["actor_env_steps_per_s"], ",.1f")),
         # Learners step in lockstep, each on its own batch: summed, this counts the
@@ -157,6 +193,10 @@ def format_table(run: Run, stats: dict, threshold: float) -> str:
         ("final replay fill", _fmt(None if stats["final_replay_fill"] is None
                                    else 100 * stats["final_replay_fill"], ".1f", "%")),
     ]
+    if stats["segments"] > 1 or stats["unreadable"]:
+        skipped = f" ({len(stats['unreadable'])} unreadable: " \
+                  f"{', '.join(stats['unreadable'])})" if stats["unreadable"] else ""
+        rows.append(("log segments", f"{stats['segments']}{skipped}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"== {run.name}  ({run.dir})"] + [f"  {k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
@@ -171,8 +211,10 @@ def _pyplot():
     return plt
 
 
-def plot_learning_curves(runs: list[Run], x: str, threshold: float, path: Path) -> None:
-    """Evaluation mean return (± std) against env steps (x="env_step") or wall time."""
+def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None],
+                         path: Path) -> None:
+    """Evaluation mean return (± std) against env steps (x="env_step") or wall time,
+    with a line at each run's threshold."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
@@ -183,8 +225,9 @@ def plot_learning_curves(runs: list[Run], x: str, threshold: float, path: Path) 
         line, = ax.plot(ev[x], ev["mean_return"], marker="o", markersize=3, label=run.name)
         ax.fill_between(ev[x], ev["mean_return"] - ev["std_return"],
                         ev["mean_return"] + ev["std_return"], color=line.get_color(), alpha=0.2)
-    ax.axhline(threshold, color="grey", linestyle="--", linewidth=1,
-               label=f"threshold {threshold:g}")
+    for threshold in sorted({t for t in thresholds if t is not None}):
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1,
+                   label=f"threshold {threshold:g}")
     ax.set_xlabel("env steps" if x == "env_step" else "wall time (s)")
     ax.set_ylabel("evaluation mean return")
     ax.set_title("Learning curve vs " + ("env steps" if x == "env_step" else "wall time"))
@@ -261,13 +304,14 @@ def plot_scaling(runs: list[Run], stats: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_plots(runs: list[Run], stats: list[dict], threshold: float, out: Path) -> list[Path]:
-    """Every plot that applies to these runs; returns the files written."""
+def write_plots(runs: list[Run], stats: list[dict], thresholds: list[float | None],
+                out: Path) -> list[Path]:
+    """Every plot that applies to these runs (one group); returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "learning_curve_steps.png", out / "learning_curve_wall.png",
                out / "throughput.png"]
-    plot_learning_curves(runs, "env_step", threshold, written[0])
-    plot_learning_curves(runs, "wall_s", threshold, written[1])
+    plot_learning_curves(runs, "env_step", thresholds, written[0])
+    plot_learning_curves(runs, "wall_s", thresholds, written[1])
     plot_throughput(runs, written[2])
     if len({s["ranks"] for s in stats if s["ranks"]}) >= 2:
         written.append(out / "scaling.png")
@@ -275,29 +319,68 @@ def write_plots(runs: list[Run], stats: list[dict], threshold: float, out: Path)
     return written
 
 
+def group_runs(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
+    """Runs by (algorithm, environment), in the order the groups first appear."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(group_key(run), []).append(run)
+    return groups
+
+
+def _load_all(paths: list[str]) -> tuple[list[Run], int]:
+    """The runs that could be read; each one that could not is reported on stderr.
+    Returns (runs, number of failures)."""
+    runs, failed = [], 0
+    for path in paths:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                runs.append(load_run(path))
+            except OSError as exc:      # its message names the file and says why
+                print(f"error: {exc}", file=sys.stderr)
+                failed += 1
+                continue
+        for w in caught:                 # segments skipped in a run that was read
+            print(f"warning: {w.message}", file=sys.stderr)
+    return runs, failed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pal_hpc.analyze", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="run directory (with metrics.h5) or metrics.h5 path")
-    parser.add_argument("--threshold", type=float, default=475.0,
-                        help="evaluation mean return that counts as solved (default 475)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="evaluation mean return that counts as solved, for runs whose "
+                             "config has no target_return (default: none)")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for the plots (default: the run's directory, or "
                              "./analysis for several runs)")
     args = parser.parse_args(argv)
-    try:
-        runs = [load_run(p) for p in args.runs]
-    except (FileNotFoundError, OSError) as exc:
-        parser.error(str(exc))
-    stats = [run_stats(r, args.threshold) for r in runs]
-    for run, s in zip(runs, stats):
-        print(format_table(run, s, args.threshold))
-        print()
-    out = args.out or (runs[0].dir if len(runs) == 1 else Path("analysis"))
-    for path in write_plots(runs, stats, args.threshold, out):
-        print(f"wrote {path}")
-    return 0
+    runs, failed = _load_all(args.runs)
+    status = 1 if failed else 0
+    if not runs:
+        return status
+    groups = group_runs(runs)
+    out_root = args.out or (runs[0].dir if len(runs) == 1 else Path("analysis"))
+    for (algo, env), group in groups.items():
+        if len(groups) > 1:
+            print(f"### {algo} on {env}: {len(group)} run{'s' * (len(group) > 1)}\n")
+        thresholds = [run_threshold(r, args.threshold) for r in group]
+        stats = [run_stats(r, t) for r, t in zip(group, thresholds)]
+        for run, s, t in zip(group, stats, thresholds):
+            print(format_table(run, s, t))
+            print()
+        out = out_root if len(groups) == 1 else out_root / f"{algo}-{env}".replace("/", "-")
+        try:
+            for path in write_plots(group, stats, thresholds, out):
+                print(f"wrote {path}")
+        except OSError as exc:
+            hint = "" if args.out else "; pass --out DIR to write them elsewhere"
+            print(f"error: cannot write the plots to {out} "
+                  f"({exc.strerror or exc}){hint}", file=sys.stderr)
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

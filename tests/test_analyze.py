@@ -1,10 +1,13 @@
 """`python -m pal_hpc.analyze` on synthetic runs written with the real MetricsLog:
-the printed numbers (worked out by hand below) and the PNG plots."""
+the printed numbers (worked out by hand below) and the PNG plots; runs grouped by
+(algo, env) with their own thresholds; segmented, truncated, garbage and read-only runs."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -13,21 +16,22 @@ import numpy as np
 import pytest
 
 from pal_hpc import analyze
-from pal_hpc.io.metrics import MetricsLog
+from pal_hpc.io.metrics import MetricsLog, open_run_log
 from pal_hpc.io.schema import EPISODES, EVALUATION, LEARNER, SYSTEM
 
 from conftest import ROOT
 
 PLOTS = ("learning_curve_steps.png", "learning_curve_wall.png", "throughput.png")
+CARTPOLE = {"algo": "dqn", "env": "CartPole-v1", "target_return": 475.0}
 
 
 def write_run(run_dir, ranks, roles, eval_returns, steps_per_s, system, summary=None,
-              learner_steps=None):
+              learner_steps=None, config=CARTPOLE):
     """A run with evaluations every 5,000 env steps (wall = steps / steps_per_s) and the
     given system rows (wall_s, rank, env_steps_per_s, updates_per_s, replay_fill).
     Returns the open MetricsLog when there is no summary (a run in progress)."""
     layout = {"ranks": ranks, "roles": roles}
-    log = MetricsLog(run_dir / "metrics.h5", {"layout": layout, "config": {"env": "CartPole-v1"},
+    log = MetricsLog(run_dir / "metrics.h5", {"layout": layout, "config": config,
                                               "hosts": ["n1"], "mpi_library": "MPICH"})
     steps = 5000 * np.arange(1, len(eval_returns) + 1)
     ev = np.zeros(len(steps), EVALUATION)
@@ -54,7 +58,7 @@ def write_run(run_dir, ranks, roles, eval_returns, steps_per_s, system, summary=
         return log
     log.close()
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    (run_dir / "config.json").write_text(json.dumps({"env": "CartPole-v1"}))
+    (run_dir / "config.json").write_text(json.dumps(config))
     return None
 
 
@@ -72,11 +76,13 @@ def runs(tmp_path_factory):
                for k in range(1, 11)],
               summary={"env_steps": 50000, "wall_s": 52.3, "final_eval_return": 498.5,
                        "best_eval_return": 500.0, "ranks": 1})
-    # r1b: like r1, a worse learner (never reaches 475; 300 at the 6th evaluation).
+    # r1b: like r1, a worse learner (never reaches 475; 300 at the 6th evaluation), run
+    # without a target_return.
     write_run(dirs["r1b"], 1, [3], [10, 30, 80, 150, 250, 320, 380, 410, 430, 440], 1000,
               [(5.0 * k, 0, 1000, 70, 0.5) for k in range(1, 11)],
               summary={"env_steps": 50000, "wall_s": 51.0, "final_eval_return": 445.0,
-                       "best_eval_return": 440.0, "ranks": 1})
+                       "best_eval_return": 440.0, "ranks": 1},
+              config={"algo": "dqn", "env": "CartPole-v1", "target_return": None})
     # r2: an actor rank and a learner rank.
     write_run(dirs["r2"], 2, [1, 2], [30, 90, 250, 460, 480, 495, 500, 500, 500, 500], 1800,
               [row for k in range(1, 15) for row in
@@ -94,11 +100,13 @@ def runs(tmp_path_factory):
     log.close()
 
 
-def analyze_cli(*args, cwd=ROOT) -> dict:
-    """Run the analysis; returns {run name: {row label: value}} from its tables."""
+def analyze_cli(*args, cwd=ROOT, status=0, full=False):
+    """Run the analysis; returns {run name: {row label: value}} from its tables (and the
+    completed process with `full`)."""
     res = subprocess.run([sys.executable, "-m", "pal_hpc.analyze", *map(str, args)], cwd=cwd,
                          capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == status, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
     tables, current = {}, None
     for line in res.stdout.splitlines():
         if line.startswith("== "):
@@ -106,7 +114,7 @@ def analyze_cli(*args, cwd=ROOT) -> dict:
         elif line.startswith("  ") and current is not None:
             label, value = re.split(r"\s{2,}", line.strip(), maxsplit=1)
             current[label] = value
-    return tables
+    return (tables, res) if full else tables
 
 
 def check_png(path) -> np.ndarray:
@@ -213,7 +221,131 @@ def test_killed_run_and_several_runs_default_out(runs, tmp_path):
 
 
 def test_missing_metrics_is_a_clear_error(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exc:
-        analyze.main([str(tmp_path)])
-    assert exc.value.code == 2
-    assert "no metrics.h5" in capsys.readouterr().err
+    assert analyze.main([str(tmp_path)]) == 1
+    assert f"{tmp_path}: no metrics.h5" in capsys.readouterr().err
+
+
+def acrobot_run(run_dir, ranks, returns, target):
+    """A finished Acrobot run: evaluations every 5,000 steps at 1,000 steps/s."""
+    write_run(run_dir, ranks, [3] + [1] * (ranks - 1), returns, 1000,
+              [(1.0 * k, r, 500.0, 50.0 * (r == 0), 0.5) for k in range(1, 5)
+               for r in range(ranks)],
+              summary={"env_steps": 5000 * len(returns), "wall_s": 5.0 * len(returns),
+                       "ranks": ranks},
+              config={"algo": "dqn", "env": "Acrobot-v1", "target_return": target})
+
+
+def test_runs_grouped_by_algo_and_env_each_with_its_own_threshold(runs, tmp_path):
+    a1, a4 = tmp_path / "a1", tmp_path / "a4"
+    acrobot_run(a1, 1, [-500, -400, -200, -120, -95, -80], target=-100.0)
+    acrobot_run(a4, 4, [-480, -300, -150, -110, -70], target=None)
+    out = tmp_path / "out"
+    tables, res = analyze_cli(runs["r1"], a1, runs["r2"], a4, "--threshold", "-140",
+                              "--out", out, full=True)
+    # Each run against its own target_return; --threshold only where there is none.
+    assert (tables["r1"]["env steps to 475"], tables["r2"]["env steps to 475"]) == \
+        ("35,000", "25,000")
+    assert tables["a1"]["env steps to -100"] == "25,000"
+    assert tables["a4"]["env steps to -140"] == "20,000"
+    assert "### dqn on CartPole-v1: 2 runs" in res.stdout
+    assert "### dqn on Acrobot-v1: 2 runs" in res.stdout
+    # One set of plots per group, each with its own scaling plot (1 vs 2, 1 vs 4 ranks).
+    assert sorted(p.name for p in out.iterdir()) == ["dqn-Acrobot-v1", "dqn-CartPole-v1"]
+    for group in out.iterdir():
+        for name in PLOTS + ("scaling.png",):
+            check_png(group / name)
+    # No target_return and no --threshold: no threshold at all (not CartPole's 475).
+    tables = analyze_cli(a4, runs["r1"], "--out", tmp_path / "out2")
+    assert tables["a4"]["env steps to threshold (none given)"] == "-"
+    assert tables["r1"]["env steps to 475"] == "35,000"
+
+
+def test_read_only_run_dir(runs, tmp_path):
+    run = tmp_path / "ro"
+    shutil.copytree(runs["r1"], run)
+    for name in PLOTS:
+        (run / name).unlink(missing_ok=True)
+    (run / PLOTS[0]).mkdir()        # unwritable even for root, who ignores the mode bits
+    os.chmod(run, 0o555)
+    try:
+        tables, res = analyze_cli(run, status=1, full=True)
+        assert tables["ro"]["env steps to 475"] == "35,000"     # the table still comes
+        assert f"cannot write the plots to {run}" in res.stderr
+        assert "pass --out DIR" in res.stderr
+        out = tmp_path / "elsewhere"
+        analyze_cli(run, "--out", out)
+        for name in PLOTS:
+            check_png(out / name)
+    finally:
+        os.chmod(run, 0o755)
+
+
+def test_garbage_truncated_and_missing_runs_are_named_and_the_rest_analysed(runs, tmp_path):
+    """A truncated log used to hang the analysis (an SWMR reader retrying for ever); the
+    outer timeout of analyze_cli fails the test if it does."""
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "metrics.h5").write_bytes(np.random.default_rng(1).bytes(30_000))
+    big = tmp_path / "big"                      # marked open for writing, like a killed run
+    log = write_run(big, 1, [3], [50, 200, 480], 2000,
+                    [(0.01 * k, 0, 2000.0, 100.0, 0.5) for k in range(3000)])
+    cuts = []
+    try:
+        assert (big / "metrics.h5").stat().st_size > 150_000
+        for size in sorted({*range(1_000, 150_001, 7_000), 50_000, 150_000}):
+            cut = tmp_path / f"cut{size}"
+            cut.mkdir()
+            shutil.copy(big / "metrics.h5", cut / "metrics.h5")
+            os.truncate(cut / "metrics.h5", size)
+            cuts.append((cut, size))
+    finally:
+        log.close()
+    not_a_run = tmp_path / "notes.txt"
+    not_a_run.write_text("not a run\n")
+    missing = tmp_path / "missing"
+    tables, res = analyze_cli(garbage, runs["r1"], *(c for c, _ in cuts), not_a_run, missing,
+                              big, "--out", tmp_path / "out", status=1, full=True)
+    assert sorted(tables) == ["big", "r1"]
+    assert tables["r1"]["env steps to 475"] == "35,000"
+    errors = res.stderr.splitlines()
+    assert f"error: {garbage}/metrics.h5: not an HDF5 file (no HDF5 signature)" in errors
+    for cut, size in cuts:
+        assert any(e.startswith(f"error: {cut}/metrics.h5: truncated: {size:,} bytes")
+                   for e in errors), (size, res.stderr)
+    assert f"error: {not_a_run}: not an HDF5 file (no HDF5 signature)" in errors
+    assert f"error: {missing}: no such run directory or metrics.h5" in errors
+    assert len(errors) == len(cuts) + 3
+    check_png(tmp_path / "out" / "learning_curve_steps.png")
+
+
+def test_segmented_run_is_analysed_as_one_run(tmp_path):
+    run = tmp_path / "seg"
+    code = KILLED_WRITER.format(tests=str(ROOT / "tests"), run_dir=str(run))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "written", proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    with pytest.warns(UserWarning, match="metrics.1.h5"):
+        log = open_run_log(run, {"config": CARTPOLE, "layout": {"ranks": 1}}, resume=True)
+    with log:      # the resumed run: two more evaluations, the second one solves it
+        ev = np.zeros(2, EVALUATION)
+        ev["env_step"], ev["wall_s"], ev["mean_return"] = [25000, 30000], [12.5, 15.0], \
+            [460.0, 490.0]
+        log.append("evaluation", ev)
+    tables = analyze_cli(run, "--out", tmp_path / "out")
+    assert tables["seg"] == {
+        "status": "in progress or killed (no summary.json)", "ranks": "1",
+        "env steps": "30,000", "wall time": "15.0 s", "evaluations": "6",
+        "final eval return": "490.0", "best eval return": "490.0",
+        "env steps to 475": "15,000", "seconds to 475": "7.5 s",
+        "actor env steps/s (1 rank)": "2,000.0", "learner gradient batches/s (1 rank)": "100.0",
+        "final replay fill": "50.0%", "log segments": "2"}
+    # A damaged first segment: the run is still analysed from the rest, with a warning.
+    os.truncate(run / "metrics.h5", 5_000)
+    tables, res = analyze_cli(run / "metrics.h5", "--out", tmp_path / "out", full=True)
+    assert tables["seg"]["evaluations"] == "2"
+    assert tables["seg"]["log segments"] == "2 (1 unreadable: metrics.h5)"
+    assert f"warning: metrics log segment {run}/metrics.h5 skipped: truncated" in res.stderr

@@ -147,6 +147,23 @@ def test_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     assert ckpt.latest_valid(run_dir) == ckpt.Path(summary(run_dir)["checkpoint"])
 
 
+def test_resume_after_the_metrics_log_was_truncated(tmp_path):
+    """Fault 1: a damaged metrics.h5 blocked every resume ("file is already open for
+    write"); now the log goes on in a new segment and the old one stays as it was."""
+    run_dir = tmp_path / "run"
+    assert run(pal_cmd(2, run_dir, "--total-steps", "1500")).returncode == 0
+    log = run_dir / "metrics.h5"
+    with open(log, "r+b") as fh:
+        fh.truncate(50_000)
+    damaged = log.read_bytes()
+    proc = run(pal_cmd(2, run_dir, "--total-steps", "3000", "--resume", "latest"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "metrics.1.h5" in proc.stdout and "cannot be appended to" in proc.stdout
+    assert log.read_bytes() == damaged
+    assert (run_dir / "metrics.1.h5").exists()
+    assert summary(run_dir)["env_steps"] >= 3000
+
+
 def test_resume_pointed_at_a_replay_file_says_which_file_to_pass(tmp_path):
     """Fault 12: four KeyError: 'config' tracebacks."""
     run_dir = tmp_path / "run"

@@ -1,19 +1,23 @@
 """The HDF5 metrics log: written by MetricsLog, read back by h5py, read_metrics, h5dump,
-by a second process while the writer is open, and after the writer was killed."""
+by a second process while the writer is open, and after the writer was killed; a run's
+log in segments (resume after a killed writer or a damaged file); truncated files."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import h5py
 import numpy as np
 import pytest
 
-from pal_hpc.io.metrics import MetricsLog, read_metrics, run_attributes
+from pal_hpc.io.metrics import (MetricsLog, MetricsReadError, log_segments, open_run_log,
+                                read_metrics, read_run_metrics, run_attributes)
 from pal_hpc.io.schema import STREAMS
 
 from conftest import ROOT
@@ -189,3 +193,190 @@ def test_h5dump_reads_the_log(tmp_path):
     values = data.stdout.split("DATA {", 1)[1]
     for value in ("5000", "10000", "12.5", "123.25", "4.5", "475.5"):
         assert value in values
+
+
+# -- segments: resuming a killed or damaged log ----------------------------------------
+
+SEGMENT_WRITER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from test_metrics_log import ATTRS, records
+from pal_hpc.io.metrics import open_run_log
+log = open_run_log({run_dir!r}, ATTRS, resume=False, flush_every=3600)
+for b in range({batches}):
+    log.append("evaluation", records("evaluation", 10, start=10 * b))
+    log.append("system", records("system", 100, start=100 * b))
+    log.flush()
+print("flushed", flush=True)
+time.sleep(60)
+"""
+
+
+def killed_run(run_dir, batches: int = 4):
+    """A run dir whose metrics.h5 writer (a real child process) was SIGKILLed after
+    flushing `batches` batches of 10 evaluation and 100 system rows."""
+    code = SEGMENT_WRITER.format(tests=str(ROOT / "tests"), run_dir=str(run_dir),
+                                 batches=batches)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "flushed", proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    return run_dir / "metrics.h5"
+
+
+def test_fresh_then_clean_resume_appends_to_the_same_file(tmp_path):
+    run = tmp_path / "run"
+    (run).mkdir()
+    (run / "metrics.3.h5").write_bytes(b"left over from an overwritten run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with open_run_log(run, {**ATTRS, "start_time": "t0"}, resume=False) as log:
+            log.append("evaluation", records("evaluation", 3))
+        assert log_segments(run) == [run / "metrics.h5"]
+        with open_run_log(run, {**ATTRS, "start_time": "t1"}, resume=True) as log:
+            assert log.path == run / "metrics.h5" and log.rows("evaluation") == 3
+            log.append("evaluation", records("evaluation", 2, start=3))
+        m = read_run_metrics(run)
+    assert log_segments(run) == [run / "metrics.h5"]
+    np.testing.assert_array_equal(m["evaluation"], records("evaluation", 5))
+    assert m["attrs"]["resumes"] == ["t1"] and m["attrs"]["start_time"] == "t0"
+    assert m["segments"] == [run / "metrics.h5"] and m["unreadable"] == {}
+
+
+def test_resume_after_killed_writer_continues_in_a_new_segment(tmp_path):
+    run = tmp_path / "run"
+    first = killed_run(run)
+    before = first.read_bytes()
+    with pytest.raises(OSError, match="already open for write"):
+        h5py.File(first, "a")                     # what blocked the resume before
+    with pytest.warns(UserWarning, match=r"metrics\.h5 cannot be appended to \(still marked "
+                      r"open for writing.*continues in metrics\.1\.h5") as caught:
+        log = open_run_log(run, {**ATTRS, "start_time": "t1"}, resume=True)
+    assert len(caught) == 1
+    with log:
+        assert log.path == run / "metrics.1.h5" and log.rows("evaluation") == 0
+        log.append("evaluation", records("evaluation", 5, start=40))
+    assert first.read_bytes() == before           # the killed segment is left alone
+    assert log_segments(run) == [first, run / "metrics.1.h5"]
+    second = read_metrics(run / "metrics.1.h5")["attrs"]
+    assert second["config"] == ATTRS["config"] and second["layout"] == ATTRS["layout"]
+    assert second["continues"] == "metrics.h5"
+    assert "marked open for writing" in second["continues_because"]
+    # A clean resume from there appends to metrics.1.h5.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with open_run_log(run, ATTRS, resume=True) as log:
+            assert log.path == run / "metrics.1.h5"
+            log.append("evaluation", records("evaluation", 5, start=45))
+        m = read_run_metrics(run)
+    np.testing.assert_array_equal(m["evaluation"], records("evaluation", 50))
+    np.testing.assert_array_equal(m["system"], records("system", 400))
+    assert m["attrs"]["layout"] == ATTRS["layout"] and "continues" not in m["attrs"]
+    assert m["segments"] == [first, run / "metrics.1.h5"] and m["unreadable"] == {}
+
+
+def foreign_hdf5(path):
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(3)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", "truncated: 50,000 bytes"),
+    ("random", "not an HDF5 file"),
+    ("empty", "not an HDF5 file"),
+    ("foreign", "not a metrics log"),
+])
+def test_resume_over_damaged_log_starts_a_segment_and_reads_around_it(tmp_path, damage,
+                                                                      reason):
+    run = tmp_path / "run"
+    first = killed_run(run, batches=20)
+    if damage == "truncate":
+        assert first.stat().st_size > 50_000
+        os.truncate(first, 50_000)
+    elif damage == "random":
+        first.write_bytes(np.random.default_rng(0).bytes(20_000))
+    elif damage == "empty":
+        first.write_bytes(b"")
+    else:
+        first.unlink()
+        foreign_hdf5(first)
+    before = first.read_bytes()
+    with pytest.warns(UserWarning, match=f"{first}.*{reason}") as caught:
+        with open_run_log(run, ATTRS, resume=True) as log:
+            log.append("evaluation", records("evaluation", 4))
+    assert len(caught) == 1 and first.read_bytes() == before
+    assert log_segments(run) == [first, run / "metrics.1.h5"]
+    with pytest.raises(MetricsReadError, match=f"^{first}: .*{reason}"):
+        read_metrics(first)
+    with pytest.warns(UserWarning, match=f"segment {first} skipped: .*{reason}"):
+        m = read_run_metrics(run)
+    np.testing.assert_array_equal(m["evaluation"], records("evaluation", 4))
+    assert m["attrs"]["continues"] == "metrics.h5" and reason in m["attrs"]["continues_because"]
+    assert list(m["unreadable"]) == [first] and reason in m["unreadable"][first]
+    # A damaged newest segment again: metrics.2.h5 follows metrics.1.h5.
+    (run / "metrics.1.h5").write_bytes(b"\0" * 100)
+    with pytest.warns(UserWarning, match=r"metrics\.1\.h5 .*metrics\.2\.h5"):
+        open_run_log(run, ATTRS, resume=True).close()
+    assert [p.name for p in log_segments(run)] == ["metrics.h5", "metrics.1.h5", "metrics.2.h5"]
+    with pytest.warns(UserWarning):
+        assert read_run_metrics(run)["attrs"]["continues"] == "metrics.1.h5"
+
+
+def test_run_with_no_readable_segment_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no metrics.h5"):
+        read_run_metrics(tmp_path)
+    (tmp_path / "metrics.h5").write_bytes(b"garbage" * 100)
+    with pytest.warns(UserWarning), pytest.raises(MetricsReadError,
+                                                  match=f"{tmp_path}/metrics.h5: not an HDF5"):
+        read_run_metrics(tmp_path)
+
+
+# -- truncated logs: readers fail fast, naming the file ----------------------------------
+
+TRUNCATION_SIZES = sorted({*range(1_000, 150_001, 7_000), 50_000, 150_000})
+
+SWEEP = """
+import json, os, shutil, sys
+from pathlib import Path
+from pal_hpc.io.metrics import read_metrics, read_run_metrics
+src, root = Path(sys.argv[1]), Path(sys.argv[2])
+for size in json.loads(sys.argv[3]):
+    run = root / f"cut{size}"
+    run.mkdir()
+    shutil.copy(src, run / "metrics.h5")
+    os.truncate(run / "metrics.h5", size)
+    for reader in (read_metrics, read_run_metrics):
+        try:
+            reader(run / "metrics.h5" if reader is read_metrics else run)
+            print(json.dumps([size, "read"]), flush=True)
+        except OSError as exc:
+            print(json.dumps([size, str(exc)]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("writer", ["killed", "closed"])
+def test_truncated_log_fails_fast_naming_the_file(tmp_path, writer):
+    """An SWMR reader of a truncated file used to retry for ever (read_metrics hung in
+    f.attrs); now every cut fails at once with the file named.  Run in a child process
+    with an outer timeout so that a hang fails the test."""
+    if writer == "killed":
+        src = killed_run(tmp_path / "src", batches=60)
+    else:
+        src = tmp_path / "closed.h5"
+        with MetricsLog(src, ATTRS, flush_every=0) as log:
+            for b in range(60):
+                log.append("evaluation", records("evaluation", 10, start=10 * b))
+                log.append("system", records("system", 100, start=100 * b))
+    assert src.stat().st_size > max(TRUNCATION_SIZES)
+    res = subprocess.run([sys.executable, "-c", SWEEP, str(src), str(tmp_path),
+                          json.dumps(TRUNCATION_SIZES)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    results = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(results) == 2 * len(TRUNCATION_SIZES)
+    for size, outcome in results:
+        assert outcome.startswith(f"{tmp_path}/cut{size}/metrics.h5: truncated: {size:,} "
+                                  f"bytes"), (size, outcome)

@@ -76,6 +76,14 @@ def test_failure_on_one_rank_ends_the_job(mpi, tmp_path):
     (["--env", "NoSuchEnv-v0"], "env"),
     (["--learners-per-node", "3", "--actors-per-node", "3"], "per_node"),
     (["--gamma", "1.5"], "gamma"),
+    # Values that passed validation, then crashed every rank or (replay_ratio inf) left
+    # the actors stopped for good while the learners spun.
+    (["--replay-ratio", "inf"], "replay_ratio"),
+    (["--lr", "inf"], "lr"),
+    (["--per-eps", "inf"], "per_eps"),
+    (["--seed", "99999999999999999999999"], "seed"),
+    (["--replay-capacity", "99999999999999999"], "replay_capacity"),
+    (["--env", "Pendulum-v1"], "env: dqn needs a Discrete action space; Pendulum-v1 has Box"),
 ])
 def test_bad_config_rejected_before_training(mpi, tmp_path, flags, field):
     proc = run_main(mpi, 4, tmp_path, *flags, timeout=120)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+from pal_hpc.config import ConfigError
+
 _registered_ale = False
 
 
 def make_env(env_id: str, seed: int) -> gym.Env:
-    """A seeded environment; raises ValueError naming the id if it is unknown or unsupported."""
+    """A seeded environment; raises ConfigError (a ValueError) naming the id if it is
+    unknown or unsupported, so the job rejects it like any bad flag."""
     global _registered_ale
     if not _registered_ale:
         try:
@@ -21,9 +24,11 @@ def make_env(env_id: str, seed: int) -> gym.Env:
     try:
         env = gym.make(env_id)
     except gym.error.Error as exc:
-        raise ValueError(f"env: cannot make {env_id!r}: {exc}") from None
+        raise ConfigError(f"env: cannot make {env_id!r}: {exc}") from None
     if not isinstance(env.action_space, gym.spaces.Discrete):
-        raise ValueError(f"env: {env_id!r} has action space {env.action_space}; DQN needs Discrete")
+        env.close()
+        raise ConfigError(f"env: dqn needs a Discrete action space; {env_id} has "
+                          f"{env.action_space}")
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env

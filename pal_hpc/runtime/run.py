@@ -20,7 +20,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-import gymnasium as gym
 import h5py
 import numpy as np
 import torch
@@ -41,7 +40,7 @@ from pal_hpc.runtime.envs import make_env, obs_info
 from pal_hpc.runtime.learner import METRICS_EVERY, Learner
 from pal_hpc.runtime.nstep import transition_spec
 from pal_hpc.runtime.telemetry import Telemetry, percentile_ms, rss_mb
-from pal_hpc.io.metrics import MetricsLog, run_attributes
+from pal_hpc.io.metrics import log_segments, open_run_log, run_attributes
 from pal_hpc.io.schema import EVALUATION
 
 
@@ -153,9 +152,6 @@ class RankRun:
         torch.set_flush_denormal(True)
         probe = make_env(cfg.env, cfg.seed)
         obs_shape, obs_dtype = obs_info(probe)
-        if not isinstance(probe.action_space, gym.spaces.Discrete):
-            raise ConfigError(f"env: {cfg.algo} needs a Discrete action space; {cfg.env} has "
-                              f"{probe.action_space}")
         n_actions = int(probe.action_space.n)
         probe.close()
 
@@ -316,15 +312,32 @@ class RankRun:
             elif self.coord is not None and not self.stop_asked and self.coord.checkpoint_due():
                 stats.add(S.CHECKPOINTS, 1)
 
-    def _open_log(self) -> MetricsLog:
+    def _open_log(self):
         cfg, topo = self.cfg, self.topo
         layout = {"ranks": self.world.Get_size(), "nodes": topo.n_nodes,
                   "actors": self.n_actors, "learners": self.n_learners,
                   "roles": [[r.rank, r.node, int(r.is_actor), int(r.is_learner)] for r in topo.roles]}
         attrs = run_attributes(config_to_dict(cfg), layout, self.hosts,
                                MPI.Get_library_version().strip())
-        return MetricsLog(Path(cfg.resolved_run_dir()) / "metrics.h5", attrs,
-                          append_existing=bool(self.resumed_from))
+        if self.resumed_from:         # what a reader drops of a killed run's last rows
+            attrs["resumed_at_wall_s"] = self.restored["wall_s"]
+        run_dir = Path(cfg.resolved_run_dir())
+        old = log_segments(run_dir)
+        if old and not self.resumed_from:
+            # --resume auto found no checkpoint: the log is of an attempt that died before
+            # its first one.  Keep it, out of the way of this run's log.
+            aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
+            aside.mkdir()
+            for path in old:
+                os.replace(path, aside / path.name)
+            print(f"pal_hpc: no checkpoint to resume; the earlier attempt's metrics log "
+                  f"moved to {aside}", flush=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            log = open_run_log(run_dir, attrs, resume=bool(self.resumed_from))
+        for w in caught:
+            print(f"pal_hpc: warning: {w.message}", flush=True)
+        return log
 
     def _system_row(self, force: bool = False) -> None:
         """About every 2 s (and once at the end): this rank's throughput, replay fill,
