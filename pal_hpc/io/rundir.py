@@ -127,12 +127,14 @@ def earlier_run(run_dir: str | Path) -> list[str]:
 
 
 def delete_earlier_run(run_dir: str | Path) -> None:
-    """What `--overwrite` does: remove the logs, summary and checkpoints of an earlier run."""
+    """What `--overwrite` does: remove the logs, summary and checkpoints of an earlier run
+    (set-aside checkpoints and abandoned logs included)."""
     run_dir = Path(run_dir)
     for pattern in RUN_FILES:
         for p in run_dir.glob(pattern):
             p.unlink()
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    for d in [run_dir / "checkpoints", *run_dir.glob("abandoned-*")]:
+        shutil.rmtree(d, ignore_errors=True)
     (run_dir / "checkpoints").mkdir()
 
 
