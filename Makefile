@@ -55,5 +55,5 @@ bench-peers:
 	bash bench/install_peers.sh
 
 clean:
-	rm -rf build *.egg-info cython/*.c pal_hpc/replay/*.so .pytest_cache $(BUILD_STAMP)
+	rm -rf build *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so .pytest_cache $(BUILD_STAMP)
 	find . -name __pycache__ -not -path "./.venv*" -prune -exec rm -rf {} +

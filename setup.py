@@ -1,4 +1,5 @@
-"""Build pal_hpc and its native core (cython/ -> pal_hpc.replay._ksumtree).
+"""Build pal_hpc and its native core (cython/ -> pal_hpc.replay._ksumtree, _replaycore,
+pal_hpc.cluster._seqlock).
 
 Compiler flags are portable by default (safe on any x86-64 CI runner);
 set PAL_NATIVE_ARCH=1 to add -march=native for a build that only runs here.
@@ -36,6 +37,14 @@ extensions = [
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    ),
+    Extension(
+        "pal_hpc.cluster._seqlock",
+        sources=["cython/seqlock.pyx"],
+        include_dirs=["cython"],
+        depends=["cython/ksum_core.h", "cython/sync_core.h"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
     ),
 ]
 

@@ -28,8 +28,8 @@ from mpi4py import MPI
 
 from pal_hpc.algos import DQN
 from pal_hpc.config import Config
-from pal_hpc.dist import node_comm
-from pal_hpc.dist.weights import WeightStore
+from pal_hpc.cluster import node_comm
+from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime.actor import Actor
 from pal_hpc.runtime.envs import make_env, obs_info

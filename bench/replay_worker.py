@@ -17,7 +17,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from pal_hpc.dist import node_comm
+from pal_hpc.cluster import node_comm
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime.run import wait_all
 from replay_data import SPECS, make_batch

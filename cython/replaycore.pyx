@@ -36,8 +36,6 @@ cdef extern from "sync_core.h" nogil:
     int64_t sy_update_if_current(kst_tree *t, uint64_t *lock, const uint64_t *seq,
                                  const int64_t *slots, const float *prio, const uint64_t *tickets,
                                  int64_t n, double *max_prio)
-    uint64_t sy_publish(uint64_t *seq, char *dst, const char *src, size_t n)
-    uint64_t sy_read_snapshot(const uint64_t *seq, char *dst, const char *src, size_t n)
     int64_t sy_gather(const kst_tree *t, const uint64_t *seq, const int64_t *slots, int64_t n,
                       int nfields, char *const *src, char *const *dst, const int64_t *row_bytes,
                       uint64_t *tickets, float *prio, uint8_t *ok)
@@ -61,31 +59,6 @@ def control_words(regions):
 def writes_word(r):
     """Index, in the control block, of region r's insert counter (writes ever published)."""
     return REGION_BASE + WORDS_PER_REGION * int(r)
-
-
-def seqlock_publish(uint64_t[::1] seq, unsigned char[::1] dst, const unsigned char[::1] src):
-    """Copy `src` into `dst` under the seqlock `seq[0]` (one writer); returns the new version."""
-    if src.shape[0] > dst.shape[0]:
-        raise ValueError("seqlock_publish: source larger than destination")
-    cdef uint64_t v
-    with nogil:
-        v = sy_publish(&seq[0], <char *>&dst[0], <const char *>&src[0], src.shape[0])
-    return v
-
-
-def seqlock_read(const uint64_t[::1] seq, unsigned char[::1] dst, const unsigned char[::1] src):
-    """Copy `src` into `dst` if no write overlapped; returns the version, or 0 (retry)."""
-    if src.shape[0] > dst.shape[0]:
-        raise ValueError("seqlock_read: source larger than destination")
-    cdef uint64_t v
-    with nogil:
-        v = sy_read_snapshot(&seq[0], <char *>&dst[0], <const char *>&src[0], src.shape[0])
-    return v
-
-
-def seqlock_version(const uint64_t[::1] seq):
-    """The seqlock's current counter (acquire load)."""
-    return sy_load(&seq[0])
 
 
 cdef class ReplayCore:

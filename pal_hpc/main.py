@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.run_dir:           # one timestamped directory for the whole job
             cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
 
-        from pal_hpc.dist.topology import build_topology, uneven_nodes_note
+        from pal_hpc.cluster.topology import build_topology, uneven_nodes_note
         from pal_hpc.runtime.run import train
 
         topo = build_topology(world, cfg)

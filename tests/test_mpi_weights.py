@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from pal_hpc.dist.weights import WeightStore
+from pal_hpc.cluster.weights import WeightStore
 
 pytestmark = pytest.mark.mpi
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pal_hpc.config import ConfigError
-from pal_hpc.dist.topology import (assign_roles, node_counts, node_sizes_for, pick_device,
+from pal_hpc.cluster.topology import (assign_roles, node_counts, node_sizes_for, pick_device,
                                    roles_for_layout, uneven_nodes_note)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pal_hpc.cluster.window import allocate_shared
 from pal_hpc.replay._ksumtree import KSumTree, aligned_empty, check_allocatable
 from pal_hpc.replay._replaycore import ReplayCore, control_words, writes_word
 
@@ -136,7 +137,7 @@ class SharedReplay:
     """Node-shared prioritized replay with lazy-write regions.
 
     Collective over `comm` (a shared-memory node communicator, see
-    `pal_hpc.dist.node_comm`): node rank 0 allocates and initialises, every rank
+    `pal_hpc.cluster.node_comm`): node rank 0 allocates and initialises, every rank
     maps the same memory.  With `comm=None` the buffer lives in private memory
     with the same API.  `capacity` is split into `regions` contiguous regions,
     one per writer.  Priorities are raw (|TD error|); the buffer stores
@@ -169,7 +170,6 @@ class SharedReplay:
         if comm is None:
             mem = aligned_empty(self.nbytes)
         else:
-            from pal_hpc.dist import allocate_shared
             self._shared = allocate_shared(comm, self.nbytes, _ALIGN)
             mem = self._shared.array
         self._mem = mem

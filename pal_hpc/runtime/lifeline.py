@@ -6,7 +6,7 @@
   kernel SIGKILL the rank the moment its parent exits, even inside a blocking MPI call.
 - MPICH keeps its intranode segment (`/dev/shm/mpich_shm_*`, about 1 MB per local
   rank, made in MPI_Init) linked until MPI_Finalize, so every abort or kill leaked one.
-  (The node windows of `dist.window` are not the leak: MPICH unlinks those as soon as
+  (The node windows of `cluster.window` are not the leak: MPICH unlinks those as soon as
   they are mapped.)  Once every rank of the node has mapped the segment its name is not
   needed, so unlinking it then frees the memory with the last rank, however it ends.
 """

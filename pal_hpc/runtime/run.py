@@ -29,8 +29,8 @@ from pal_hpc.algos import ALGOS
 from pal_hpc.config import ConfigError, config_to_dict
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.io.rundir import claim_run_dir
-from pal_hpc.dist.topology import pick_device
-from pal_hpc.dist.weights import WeightStore
+from pal_hpc.cluster.topology import pick_device
+from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime import signals
 from pal_hpc.runtime.abort import JobError

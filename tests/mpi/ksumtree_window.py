@@ -11,7 +11,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from pal_hpc.dist import allocate_shared, node_comm
+from pal_hpc.cluster import allocate_shared, node_comm
 from pal_hpc.replay import KSumTree
 
 CAP, K = 100_003, 16

@@ -8,7 +8,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from pal_hpc.dist import node_comm
+from pal_hpc.cluster import node_comm
 from pal_hpc.replay import SharedReplay
 
 CAPACITY = 100_000

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from pal_hpc.dist import node_comm
+from pal_hpc.cluster import node_comm
 from pal_hpc.replay import SharedReplay
 
 SPEC = {"obs": ((4,), np.float64), "action": ((), np.int64), "stamp": ((16,), np.uint8),

@@ -15,8 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 from pal_hpc.config import load_config
-from pal_hpc.dist import allocate_shared
-from pal_hpc.dist.topology import assign_roles, build_topology, node_sizes_for
+from pal_hpc.cluster import allocate_shared
+from pal_hpc.cluster.topology import assign_roles, build_topology, node_sizes_for
 
 
 def main():

@@ -8,8 +8,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from pal_hpc.dist import node_comm
-from pal_hpc.dist.weights import WeightStore
+from pal_hpc.cluster import node_comm
+from pal_hpc.cluster.weights import WeightStore
 
 N = 200_003
 

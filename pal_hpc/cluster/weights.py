@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from pal_hpc.dist.window import allocate_shared
-from pal_hpc.replay._replaycore import seqlock_publish, seqlock_read, seqlock_version
+from pal_hpc.cluster._seqlock import seqlock_publish, seqlock_read, seqlock_version
+from pal_hpc.cluster.window import aligned_bytes, allocate_shared
 
 _HEADER = 64  # the counter lives alone on its cache line
 
@@ -28,9 +28,8 @@ class WeightStore:
         self.n_params = int(n_params)
         nbytes = _HEADER + 4 * self.n_params
         if comm is None:
-            from pal_hpc.replay import aligned_empty
             self._shared = None
-            mem = aligned_empty(nbytes)
+            mem = aligned_bytes(nbytes)
         else:
             self._shared = allocate_shared(comm, nbytes)
             mem = self._shared.array

@@ -35,6 +35,13 @@ class SharedBuffer:
             self.win.Free()
 
 
+def aligned_bytes(nbytes: int, align: int = 64) -> np.ndarray:
+    """A private zeroed uint8 array of `nbytes` whose first byte is `align`-aligned."""
+    raw = np.zeros(nbytes + align, np.uint8)
+    offset = (-raw.ctypes.data) % align
+    return raw[offset:offset + nbytes]
+
+
 def allocate_shared(comm: MPI.Comm, nbytes: int, align: int = 64) -> SharedBuffer:
     """Collectively allocate `nbytes` of node-shared memory; rank 0 of `comm` owns it.
 
