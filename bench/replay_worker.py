@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from pal_hpc.cluster import node_comm
 from pal_hpc.replay import SharedReplay
-from pal_hpc.runtime.run import wait_all
+from pal_hpc.cluster.collectives import wait_all
 from replay_data import SPECS, make_batch
 
 

@@ -9,6 +9,7 @@ every error names the offending field.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import json
@@ -21,7 +22,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ALGOS = ("dqn",)
 DEVICES = ("auto", "cpu", "cuda")
 MAX_FANOUT = 4096  # the native KSumTree's limit
 MAX_SEED = 2**32 - 1
@@ -34,11 +34,14 @@ class ConfigError(ValueError):
     """A bad configuration value; the message starts with the field name."""
 
 
-def _f(default: Any, help: str, **extra: Any) -> Any:
-    """A dataclass field carrying its `--help` text (and optional `choices`)."""
+def option(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field carrying its `--help` text (and optional `choices`): a flag."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help, **extra})
     return field(default=default, metadata={"help": help, **extra})
+
+
+_f = option
 
 
 @dataclass
@@ -46,7 +49,7 @@ class Config:
     """Everything a run needs; the defaults train DQN on CartPole-v1."""
 
     # What to run.
-    algo: str = _f("dqn", "algorithm to train", choices=ALGOS)
+    algo: str = _f("dqn", "algorithm to train (each one's own flags are listed below)")
     env: str = _f("CartPole-v1", "gymnasium environment id (ALE/... ids need ale_py)")
     total_steps: int = _f(100_000, "environment steps to run, summed over all actors")
     wall_time: float = _f(0.0, "stop after this many seconds (0 = no limit)")
@@ -85,16 +88,10 @@ class Config:
     replay_ratio: float = _f(32.0, "sampled transitions per inserted transition "
                                   f"(Reverb-style rate limit), in (0, {MAX_REPLAY_RATIO:g}]")
 
-    # DQN.
-    lr: float = _f(2.3e-3, "Adam learning rate")
+    # Returns and updates (every algorithm).
     gamma: float = _f(0.99, "discount factor, in (0, 1]")
     n_step: int = _f(3, "steps of the n-step return")
-    target_update: int = _f(50, "learner steps between target-network syncs")
     publish_every: int = _f(10, "learner steps between weight publications to actors")
-    hidden: list[int] = _f([256, 256], "hidden layer widths of the Q-network")
-    dueling: bool = _f(False, "dueling Q-network head")
-    double_q: bool = _f(True, "double-Q targets")
-    grad_clip: float = _f(10.0, "gradient global-norm clip (0 = no clipping)")
 
     # Prioritized replay.
     per_alpha: float = _f(0.6, "priority exponent alpha, in [0, 1] (0 = uniform)")
@@ -103,13 +100,6 @@ class Config:
     per_eps: float = _f(1e-6, "added to |TD error| so no priority is zero")
     fanout: int = _f(16, "children per sum-tree node: a power of two in [2, 4096] "
                          "(16 float32 = one 64-byte cache line)")
-
-    # Exploration.
-    eps_start: float = _f(1.0, "initial epsilon of epsilon-greedy")
-    eps_final: float = _f(0.04, "final epsilon (of actor 0 when eps_spread > 0)")
-    exploration_steps: int = _f(8_000, "global env steps of linear epsilon decay")
-    eps_spread: float = _f(3.0, "actor i of N ends at eps_final ** (1 + eps_spread * i / "
-                                "(N-1)), Ape-X style (0 = all actors equal)")
 
     # Runtime.
     torch_threads: int = _f(1, "torch intra-op threads per rank")
@@ -124,6 +114,14 @@ class Config:
     keep_checkpoints: int = _f(3, "newest checkpoints kept in <run_dir>/checkpoints")
     checkpoint_replay: bool = _f(True, "store each node's replay buffer (with its tree) in "
                                        "checkpoints, so a resumed run does not start empty")
+
+    # The algorithm's own hyper-parameters (its `Config` dataclass): not a flag itself,
+    # its fields are.  None = that algorithm's defaults.
+    algo_config: Any = field(default=None, metadata={"help": "", "flag": False})
+
+    def __post_init__(self) -> None:
+        if self.algo_config is None and self.algo in algorithms():
+            self.algo_config = algorithms()[self.algo].Config()
 
     def resolved_run_dir(self, now: datetime | None = None) -> str:
         """`run_dir`, or `runs/<algo>-<env>-<UTC timestamp>` when it is empty.
@@ -140,7 +138,7 @@ class Config:
         """Raise `ConfigError` (message starting with the field name) on a bad value."""
         for name, tp in _field_types().items():
             _check_type(name, tp, getattr(self, name))
-        _check_choice("algo", self.algo, ALGOS)
+        _check_choice("algo", self.algo, tuple(algorithms()))
         _check_choice("device", self.device, DEVICES)
         _check_env(self.env)
 
@@ -151,19 +149,23 @@ class Config:
             value = getattr(self, name)
             if _base_type(tp) is float and value is not None:
                 req(name, math.isfinite(value), "must be finite")
+        Algo = algorithms()[self.algo]
+        if not isinstance(self.algo_config, Algo.Config):
+            raise ConfigError(f"algo_config: --algo {self.algo} needs a "
+                              f"{Algo.Config.__name__}, got {type(self.algo_config).__name__}")
+        self.algo_config.validate()
         for name in ("total_steps", "eval_episodes", "envs_per_actor", "replay_capacity",
-                     "batch_size", "n_step", "target_update", "publish_every",
-                     "torch_threads", "keep_checkpoints"):
+                     "batch_size", "n_step", "publish_every", "torch_threads",
+                     "keep_checkpoints"):
             req(name, getattr(self, name) >= 1, "must be >= 1")
-        for name in ("seed", "ranks_per_node", "eval_every", "learning_starts",
-                     "exploration_steps"):
+        for name in ("seed", "ranks_per_node", "eval_every", "learning_starts"):
             req(name, getattr(self, name) >= 0, "must be >= 0")
         # Every check is phrased as "ok if ...", so NaN fails them all.
-        for name in ("lr", "replay_ratio", "per_eps", "progress_every"):
+        for name in ("replay_ratio", "per_eps", "progress_every"):
             req(name, getattr(self, name) > 0, "must be > 0")
-        for name in ("wall_time", "grad_clip", "eps_spread", "checkpoint_every"):
+        for name in ("wall_time", "checkpoint_every"):
             req(name, getattr(self, name) >= 0, "must be >= 0")
-        for name in ("per_alpha", "per_beta", "eps_start", "eps_final"):
+        for name in ("per_alpha", "per_beta"):
             req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
         req("gamma", 0 < self.gamma <= 1, "must be in (0, 1]")
         req("seed", self.seed <= MAX_SEED, f"must be in [0, {MAX_SEED}]")
@@ -172,16 +174,12 @@ class Config:
         req("overwrite", not (self.overwrite and self.resume),
             f"cannot be combined with --resume {self.resume!r} (resume continues the run; "
             "overwrite deletes it)")
-        req("eps_final", self.eps_final <= self.eps_start,
-            f"must be <= eps_start ({self.eps_start})")
         req("replay_capacity", self.replay_capacity >= self.batch_size,
             f"must be >= batch_size ({self.batch_size})")
         req("learning_starts", self.learning_starts <= self.replay_capacity,
             f"must be <= replay_capacity ({self.replay_capacity}) or learning never starts")
         req("fanout", 2 <= self.fanout <= MAX_FANOUT and self.fanout & (self.fanout - 1) == 0,
             f"must be a power of two in [2, {MAX_FANOUT}]")
-        req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
-            "must be a non-empty list of positive widths")
         check_per_node("actors_per_node", self.actors_per_node)
         check_per_node("learners_per_node", self.learners_per_node)
 
@@ -227,10 +225,36 @@ def _check_env(env_id: str) -> None:
 # ---------------------------------------------------------------------------------------
 # Types: plain JSON/TOML values <-> field values, checked strictly (no silent coercion).
 
+def algorithms() -> dict[str, Any]:
+    """The algorithm registry, name -> Algorithm class (imported when first needed:
+    the algorithms' modules import this one for `option` and ConfigError)."""
+    from pal_hpc.algos import ALGOS
+
+    return ALGOS
+
+
 @functools.cache
 def _field_types() -> dict[str, Any]:
-    """Field name -> evaluated annotation (annotations are strings in this module)."""
-    return typing.get_type_hints(Config)
+    """Run-wide flag name -> evaluated annotation (annotations are strings here)."""
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)
+            if f.metadata.get("flag", True)}
+
+
+@functools.cache
+def _algo_field_types(config_class: type) -> dict[str, Any]:
+    """An algorithm config's field name -> evaluated annotation."""
+    hints = typing.get_type_hints(config_class)
+    return {f.name: hints[f.name] for f in dataclasses.fields(config_class)}
+
+
+def algo_options() -> dict[str, list[str]]:
+    """Each algorithm option's name -> the algorithms that take it (registry order)."""
+    owners: dict[str, list[str]] = {}
+    for name, Algo in algorithms().items():
+        for f in dataclasses.fields(Algo.Config):
+            owners.setdefault(f.name, []).append(name)
+    return owners
 
 
 def _is_optional(tp: Any) -> bool:
@@ -271,27 +295,70 @@ def _check_type(name: str, tp: Any, value: Any) -> Any:
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """The config as plain JSON types (for saving with a run)."""
-    return dataclasses.asdict(cfg)
+    """The config as plain JSON types (for saving with a run): the run-wide fields, and
+    the algorithm's own under its name ({"algo": "td3", ..., "td3": {...}})."""
+    out = {name: copy.deepcopy(getattr(cfg, name)) for name in _field_types()}
+    if cfg.algo_config is not None:
+        out[cfg.algo] = dataclasses.asdict(cfg.algo_config)
+    return out
+
+
+def _spelled(d: dict[str, Any]) -> dict[str, Any]:
+    """Keys with `-` spelled with `_`; a key given in both spellings is an error."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = str(key).replace("-", "_")
+        if name in out:
+            raise ConfigError(f"{name}: given twice (as '_' and '-' spellings)")
+        out[name] = value
+    return out
 
 
 def config_from_dict(d: dict[str, Any]) -> Config:
     """A Config from plain values (keys with `_` or `-`); missing keys keep their defaults.
 
-    Unknown keys and wrongly typed values raise `ConfigError`.  Does not call
-    `validate()` (load_config does), so a saved config can be inspected even when, say,
-    its environment is not installed here.
+    Run-wide keys and the chosen algorithm's options may come flat; the algorithm's may
+    also come as a table under its name (as `config_to_dict` writes them).  Run-wide
+    keys not given take the algorithm's `run_defaults` (TD3 wants gamma 0.98 and batches
+    of 256), then the dataclass defaults.  Unknown keys, another algorithm's options and
+    wrongly typed values raise `ConfigError`.  Does not call `validate()` (load_config
+    does), so a saved config can be inspected even when its env is not installed here.
     """
+    d = _spelled(d)
     types_ = _field_types()
+    registry = algorithms()
+    algo = d.get("algo", Config.algo)
+    if not isinstance(algo, str) or algo not in registry:
+        _check_choice("algo", algo, tuple(registry))
+    Algo = registry[algo]
+    owners = algo_options()
     values: dict[str, Any] = {}
-    for key, value in d.items():
-        name = str(key).replace("-", "_")
-        if name not in types_:
-            raise ConfigError(f"{key}: unknown config key")
-        if name in values:
-            raise ConfigError(f"{name}: given twice (as '_' and '-' spellings)")
-        values[name] = _check_type(name, types_[name], value)
-    return Config(**values)
+    algo_values: dict[str, Any] = {}
+    for name, value in d.items():
+        if name in registry and isinstance(value, dict):
+            if name != algo:
+                raise ConfigError(f"{name}: options of another algorithm (--algo is {algo})")
+            for key, v in _spelled(value).items():
+                if key in algo_values:
+                    raise ConfigError(f"{key}: given twice")
+                algo_values[key] = v
+        elif name in types_:
+            values[name] = _check_type(name, types_[name], value)
+        elif name in owners:
+            if name in algo_values:
+                raise ConfigError(f"{name}: given twice")
+            algo_values[name] = value
+        else:
+            raise ConfigError(f"{name}: unknown config key")
+    algo_types = _algo_field_types(Algo.Config)
+    for name, value in algo_values.items():
+        if name not in algo_types:
+            raise ConfigError(f"{name}: an option of {', '.join(owners.get(name, ['no algorithm']))}"
+                              f"; --algo {algo} does not take it")
+        algo_values[name] = _check_type(name, algo_types[name], value)
+    for name, value in getattr(Algo, "run_defaults", {}).items():
+        values.setdefault(name, value)
+    return Config(**values, algo_config=Algo.Config(**algo_values))
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -323,49 +390,91 @@ def _optional_float(text: str) -> float | None:
     return float(text)
 
 
+def _add_flag(parser, name: str, tp: Any, help_text: str, metadata: dict) -> None:
+    flag = "--" + name.replace("_", "-")
+    kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
+                          "help": help_text.replace("%", "%%")}
+    base = _base_type(tp)
+    if base is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    elif base is list:
+        kw.update(nargs="+", type=int, metavar="N")
+    elif _is_optional(tp):
+        kw.update(type=_optional_float, metavar="X")
+    else:
+        kw["type"] = base
+        if "choices" in metadata:
+            kw["choices"] = metadata["choices"]
+        else:
+            kw["metavar"] = {int: "N", float: "X", str: "STR"}[base]
+    parser.add_argument(flag, **kw)
+
+
+def _shown(default: Any) -> str:
+    return ("none" if default is None else '""' if default == "" else
+            " ".join(map(str, default)) if isinstance(default, list) else str(default))
+
+
 def build_parser(prog: str = "python -m pal_hpc.main") -> argparse.ArgumentParser:
-    """An argparse parser with one flag per Config field (`--total-steps` for total_steps).
+    """An argparse parser with one flag per Config field (`--total-steps` for total_steps)
+    and, in a group per algorithm, one per algorithm option.
 
     Flags default to "not given" (argparse.SUPPRESS) so that only the flags a user typed
-    override the config file; the dataclass default is shown in each help line.
+    override the config file; the defaults are shown in each help line.  An option that
+    several algorithms take is one flag, listed with the first of them, with each one's
+    default.
     """
+    registry = algorithms()
     parser = argparse.ArgumentParser(
         prog=prog, description="Train an RL agent with actor and learner MPI ranks.",
-        epilog="Precedence: defaults < --config file < command-line flags.")
+        epilog="Precedence: defaults < the algorithm's defaults < --config file < "
+               "command-line flags.  Run-wide defaults marked 'dqn ...; td3 ...' differ "
+               "per --algo.")
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="TOML or JSON file of field = value (keys with _ or -)")
     types_ = _field_types()
-    defaults = config_to_dict(Config())
     for f in dataclasses.fields(Config):
-        tp, default = types_[f.name], defaults[f.name]
-        shown = ("none" if default is None else '""' if default == "" else
-                 " ".join(map(str, default)) if isinstance(default, list) else default)
-        help_text = f"{f.metadata['help']} (default: {shown})".replace("%", "%%")
-        flag = "--" + f.name.replace("_", "-")
-        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
-        base = _base_type(tp)
-        if base is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif base is list:
-            kw.update(nargs="+", type=int, metavar="N")
-        elif _is_optional(tp):
-            kw.update(type=_optional_float, metavar="X")
-        else:
-            kw["type"] = base
-            if "choices" in f.metadata:
-                kw["choices"] = f.metadata["choices"]
+        if f.name not in types_:
+            continue
+        default = (f.default_factory() if f.default is dataclasses.MISSING
+                   else f.default)
+        shown = _shown(default)
+        per_algo = [f"{name} {_shown(Algo.run_defaults[f.name])}"
+                    for name, Algo in registry.items()
+                    if f.name in getattr(Algo, "run_defaults", {})]
+        if per_algo:
+            shown += "; " + "; ".join(per_algo)
+        choices = {"choices": tuple(registry)} if f.name == "algo" else {}
+        _add_flag(parser, f.name, types_[f.name], f"{f.metadata['help']} (default: {shown})",
+                  {**f.metadata, **choices})
+    owners = algo_options()
+    added: set[str] = set()
+    for algo, Algo in registry.items():
+        group = parser.add_argument_group(f"{algo} options (--algo {algo})")
+        types = _algo_field_types(Algo.Config)
+        for f in dataclasses.fields(Algo.Config):
+            if f.name in added:
+                continue
+            added.add(f.name)
+            defaults = [(name, getattr(registry[name].Config(), f.name)) for name in owners[f.name]]
+            if len({_shown(v) for _, v in defaults}) == 1:
+                shown = _shown(defaults[0][1])
             else:
-                kw["metavar"] = {int: "N", float: "X", str: "STR"}[base]
-        parser.add_argument(flag, **kw)
+                shown = "; ".join(f"{name} {_shown(v)}" for name, v in defaults)
+            also = [n for n in owners[f.name] if n != algo]
+            note = f" [also {', '.join(also)}]" if also else ""
+            _add_flag(group, f.name, types[f.name],
+                      f"{f.metadata['help']}{note} (default: {shown})", dict(f.metadata))
     return parser
 
 
 def load_config(argv: list[str] | None = None) -> Config:
-    """Defaults < `--config FILE` < flags given in `argv` (sys.argv[1:] when None); validated."""
+    """Defaults < the algorithm's run defaults < `--config FILE` < flags given in `argv`
+    (sys.argv[1:] when None); validated."""
     ns = vars(build_parser().parse_args(argv))
     path = ns.pop("config")
-    values = read_config_file(path) if path else {}
+    values = _spelled(read_config_file(path)) if path else {}
+    values.update(ns)                     # only flags actually given are in `ns`
     cfg = config_from_dict(values)
-    cfg = dataclasses.replace(cfg, **ns)  # only flags actually given are in `ns`
     cfg.validate()
     return cfg

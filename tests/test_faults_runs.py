@@ -17,7 +17,7 @@ from conftest import ROOT, mpi_env, pal_cmd
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime.nstep import transition_spec
-from pal_hpc.runtime.run import available_memory
+from pal_hpc.runtime.preflight import available_memory
 
 pytestmark = pytest.mark.mpi
 

@@ -1,30 +1,76 @@
-"""DQN maths: the Q-network, the (double) n-step TD loss, and a gradient step split in two.
+"""DQN (Mnih et al. 2015) with double-Q targets, n-step returns and an optional dueling
+head, on the algorithm contract (`pal_hpc.algos.base`): one update phase, "q".
 
 No MPI, no replay, no environment loop live here.  A learner calls
 
-    grad, metrics, priorities = dqn.compute_gradients(batch, out=send)
+    metrics, priorities = dqn.compute_gradients("q", batch, out=send)
     allreduce_sum(send, recv)            # the runtime's business, one flat buffer
-    dqn.apply_gradients(recv, scale=1 / n_learners)
+    dqn.apply_gradients("q", recv, scale=1 / n_learners)
 
-and writes `priorities` back to its replay, so one generic learner loop serves every
-algorithm whose loss returns metrics and new priorities (the Acme shape).
+and writes `priorities` back to its replay.  Actors run a `DQNPolicy`: epsilon-greedy,
+each actor decaying to its own final epsilon (Ape-X spread).
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pal_hpc.algos.base import AlgoConfig, Algorithm, Policy
+from pal_hpc.algos.nets import FlatParams, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
+from pal_hpc.config import option as _f
 
 # The arrays a loss batch carries (see DQN.loss).
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
+
+
+@dataclass
+class DQNConfig(AlgoConfig):
+    """DQN's hyper-parameters (the defaults reach CartPole's 475 in ~15k steps)."""
+
+    lr: float = _f(2.3e-3, "Adam learning rate")
+    target_update: int = _f(50, "learner steps between target-network syncs")
+    hidden: list[int] = _f([256, 256], "hidden layer widths of the network(s)")
+    dueling: bool = _f(False, "dueling Q-network head")
+    double_q: bool = _f(True, "double-Q targets")
+    grad_clip: float = _f(10.0, "gradient global-norm clip (0 = no clipping)")
+    eps_start: float = _f(1.0, "initial epsilon of epsilon-greedy")
+    eps_final: float = _f(0.04, "final epsilon (of actor 0 when eps_spread > 0)")
+    exploration_steps: int = _f(8_000, "global env steps of linear epsilon decay")
+    eps_spread: float = _f(3.0, "actor i of N ends at eps_final ** (1 + eps_spread * i / "
+                                "(N-1)), Ape-X style (0 = all actors equal)")
+
+    def validate(self) -> None:
+        super().validate()
+        req = self.require
+        req("lr", self.lr > 0, "must be > 0")
+        req("target_update", self.target_update >= 1, "must be >= 1")
+        req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
+            "must be a non-empty list of positive widths")
+        req("grad_clip", self.grad_clip >= 0, "must be >= 0")
+        for name in ("eps_start", "eps_final"):
+            req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
+        req("eps_final", self.eps_final <= self.eps_start,
+            f"must be <= eps_start ({self.eps_start})")
+        req("exploration_steps", self.exploration_steps >= 0, "must be >= 0")
+        req("eps_spread", self.eps_spread >= 0, "must be >= 0")
+
+
+def actor_epsilon(cfg: DQNConfig, actor_index: int, n_actors: int, global_steps: float) -> float:
+    """Linear decay from eps_start to this actor's final epsilon over exploration_steps;
+    final epsilons spread Ape-X style: eps_final ** (1 + eps_spread * i / (N - 1))."""
+    spread = cfg.eps_spread * actor_index / (n_actors - 1) if n_actors > 1 else 0.0
+    final = cfg.eps_final ** (1.0 + spread)
+    frac = min(1.0, global_steps / cfg.exploration_steps) if cfg.exploration_steps > 0 else 1.0
+    return cfg.eps_start + frac * (final - cfg.eps_start)
 
 
 class QNetwork(nn.Module):
@@ -63,64 +109,109 @@ class QNetwork(nn.Module):
         return self.value(z) + adv - adv.mean(dim=1, keepdim=True)
 
 
-class DQN:
-    """Online and target Q-networks with an Adam optimizer.
+def epsilon_greedy(q_net: QNetwork, obs: torch.Tensor, epsilons, n_actions: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    """Epsilon-greedy actions (B,) int64, one forward pass; row i acts uniformly at
+    random with probability epsilons[i] (a scalar broadcasts)."""
+    with torch.no_grad():
+        actions = q_net(obs).argmax(dim=1).cpu().numpy().astype(np.int64)
+    eps = np.broadcast_to(np.asarray(epsilons, dtype=np.float64), actions.shape)
+    explore = rng.random(actions.shape) < eps
+    actions[explore] = rng.integers(0, n_actions, size=int(explore.sum()))
+    return actions
+
+
+class DQNPolicy(Policy):
+    """An actor's Q-network copy, acting epsilon-greedy with this actor's epsilon."""
+
+    def __init__(self, q_net: QNetwork, cfg: DQNConfig, n_actions: int, actor_index: int,
+                 n_actors: int):
+        self.q_net, self.cfg, self.n_actions = q_net, cfg, n_actions
+        self.actor_index, self.n_actors = actor_index, n_actors
+        self._flat = FlatParams([q_net], torch.device("cpu")).flat
+
+    @property
+    def num_params(self) -> int:
+        return self._flat.numel()
+
+    @torch.no_grad()
+    def set_flat_params(self, flat: np.ndarray) -> None:
+        flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32))
+        if flat_t.numel() != self.num_params:
+            raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
+        self._flat.copy_(flat_t)
+
+    def act(self, obs, rng, global_steps, deterministic=False):
+        eps = 0.0 if deterministic else actor_epsilon(self.cfg, self.actor_index,
+                                                      self.n_actors, global_steps)
+        return epsilon_greedy(self.q_net, torch.as_tensor(obs, dtype=torch.float32), eps,
+                              self.n_actions, rng)
+
+
+class DQN(Algorithm):
+    """Online and target Q-networks with an Adam optimizer, on one flat buffer.
 
     The batch's `reward` is already the n-step discounted return and its `discount`
-    is gamma**k for the bootstrap (0 after a terminal), so `n_step` and `gamma` are
-    kept here only for the code that builds those transitions."""
+    is gamma**k for the bootstrap (0 after a terminal): the actors built them."""
 
-    def __init__(self, obs_shape: tuple, n_actions: int, *, hidden: Sequence[int] = (256, 256),
-                 dueling: bool = False, double_q: bool = True, gamma: float = 0.99,
-                 n_step: int = 3, lr: float = 1e-3, grad_clip: float = 10.0,
-                 device: str | torch.device = "cpu", seed: int = 0):
-        self.obs_shape = tuple(obs_shape)
-        self.n_actions = int(n_actions)
-        self.double_q = double_q
-        self.gamma = gamma
-        self.n_step = n_step
-        self.grad_clip = grad_clip
+    name = "dqn"
+    Config = DQNConfig
+    metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: DQNConfig | None = None,
+                 *, device: str | torch.device = "cpu", seed: int = 0):
+        config = config or DQNConfig()
+        super().__init__(obs_space, act_space, config, device=device, seed=seed)
+        self.obs_shape = tuple(obs_space.shape)
+        self.n_actions = int(act_space.n)
+        self.double_q = config.double_q
+        self.grad_clip = config.grad_clip
+        self.target_update = config.target_update
         self.device = torch.device(device)
-        # Seed a forked RNG so the init is reproducible without touching the caller's
-        # global torch RNG state.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.online = QNetwork(math.prod(self.obs_shape), self.n_actions, hidden, dueling)
+        self.online = seeded(seed, self._network)
         self.online.to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
-        self.params = list(self.online.parameters())
         # Every parameter (and its .grad) is a view into one flat buffer, so the
         # gradient leaves for the Allreduce without a gather, comes back with one copy,
         # is clipped with one norm and is stepped by one fused Adam over the whole
         # vector (FlatAdam: Adam is elementwise, so this is the same maths as Adam per
-        # tensor, without per-tensor bookkeeping).  Never set the grads to None.
-        n = sum(p.numel() for p in self.params)
-        self._flat = torch.empty(n, device=self.device)
-        self._flat_grad = torch.zeros(n, device=self.device)
-        offset = 0
-        for p in self.params:
-            k = p.numel()
-            self._flat[offset:offset + k].copy_(p.data.reshape(-1))
-            p.data = self._flat[offset:offset + k].view_as(p)
-            p.grad = self._flat_grad[offset:offset + k].view_as(p)
-            offset += k
-        self.optimizer = FlatAdam(self._flat, lr=lr)
+        # tensor, without per-tensor bookkeeping).
+        self._params = FlatParams([self.online], self.device)
+        self._flat, self._flat_grad = self._params.flat, self._params.grad
+        self.optimizer = FlatAdam(self._flat, lr=config.lr)
+        self.updates = 0
+
+    def _network(self) -> QNetwork:
+        return QNetwork(obs_dim(self.obs_space), self.n_actions, tuple(self.config.hidden),
+                        self.config.dueling)
+
+    @classmethod
+    def check_env(cls, env_id, obs_space, act_space) -> None:
+        cls.needs(gym.spaces.Discrete, env_id, act_space)
 
     # ---- acting ---------------------------------------------------------------------
+
+    def make_policy(self, actor_index: int, n_actors: int) -> DQNPolicy:
+        net = copy.deepcopy(self.online).cpu().requires_grad_(False)
+        return DQNPolicy(net, self.config, self.n_actions, actor_index, n_actors)
+
+    def policy_params(self) -> np.ndarray:
+        return self.get_flat_params()
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, epsilons: np.ndarray | float,
             rng: np.random.Generator) -> np.ndarray:
-        """Epsilon-greedy actions (B,) int64 for a batch of observations, one forward
-        pass; row i acts uniformly at random with probability epsilons[i]."""
-        q = self.online(self._tensor(obs))
-        actions = q.argmax(dim=1).cpu().numpy().astype(np.int64)
-        eps = np.broadcast_to(np.asarray(epsilons, dtype=np.float64), actions.shape)
-        explore = rng.random(actions.shape) < eps
-        actions[explore] = rng.integers(0, self.n_actions, size=int(explore.sum()))
-        return actions
+        """Epsilon-greedy actions of the online network (see `epsilon_greedy`)."""
+        return epsilon_greedy(self.online, self._tensor(obs), epsilons, self.n_actions, rng)
 
     # ---- learning ---------------------------------------------------------------------
+
+    def phases(self, update: int) -> tuple[str, ...]:
+        return ("q",)
+
+    def phase_size(self, phase: str) -> int:
+        self._check_phase(phase)
+        return self.num_params
 
     def loss(self, batch: dict[str, np.ndarray], metrics: bool = True
              ) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
@@ -157,31 +248,29 @@ class DQN:
             stats = dict(zip(("loss", "q_mean", "td_abs_mean"), values))
         return loss, stats, td_abs.cpu().numpy().astype(np.float64)
 
-    def compute_gradients(self, batch: dict[str, np.ndarray], out: np.ndarray | None = None,
-                          metrics: bool = True) -> tuple[np.ndarray, dict, np.ndarray]:
-        """Backpropagate the loss; return (flat float32 gradient in parameter order,
-        metrics incl. "grad_norm" before clipping -- {} if `metrics` is False --,
-        priorities).  The gradient is written into `out` (float32, num_params) when
-        given -- e.g. straight into an Allreduce send buffer -- and is a fresh copy
-        otherwise."""
-        if out is not None and (out.dtype != np.float32 or out.shape != (self.num_params,)):
-            raise ValueError(f"out must be float32 of shape ({self.num_params},), "
-                             f"got {out.dtype} {out.shape}")
+    def compute_gradients(self, phase: str, batch: dict[str, np.ndarray],
+                          out: np.ndarray | None = None, metrics: bool = False
+                          ) -> tuple[dict, np.ndarray]:
+        """Backpropagate the loss into `out` (float32, num_params; e.g. straight into an
+        Allreduce send buffer); return (metrics incl. "grad_norm" before clipping -- {}
+        unless `metrics` --, priorities)."""
+        self._check_phase(phase)
+        if out is None or out.dtype != np.float32 or out.shape != (self.num_params,):
+            raise ValueError(f"out must be float32 of shape ({self.num_params},), got "
+                             f"{None if out is None else (out.dtype, out.shape)}")
         self._flat_grad.zero_()
         loss, stats, priorities = self.loss(batch, metrics)
         loss.backward()
         if metrics:
             stats["grad_norm"] = torch.linalg.vector_norm(self._flat_grad).item()
-        grad = self._flat_grad.cpu().numpy()
-        if out is None:
-            return grad.copy(), stats, priorities
-        out[...] = grad
-        return out, stats, priorities
+        out[...] = self._flat_grad.cpu().numpy()
+        return stats, priorities
 
-    def apply_gradients(self, flat_grad: np.ndarray, scale: float = 1.0) -> None:
+    def apply_gradients(self, phase: str, flat_grad: np.ndarray, scale: float = 1.0) -> None:
         """Take `flat_grad * scale` as the gradient (scale = 1/learners turns an
-        Allreduce sum into the mean), clip its global norm to `grad_clip` (if > 0)
-        and take one optimizer step.  One pass into the gradient buffer."""
+        Allreduce sum into the mean), clip its global norm to `grad_clip` (if > 0),
+        take one optimizer step, and sync the target every `target_update` updates."""
+        self._check_phase(phase)
         flat = torch.as_tensor(np.asarray(flat_grad, dtype=np.float32), device=self.device)
         if flat.numel() != self.num_params:
             raise ValueError(f"gradient has {flat.numel()} entries, expected {self.num_params}")
@@ -190,10 +279,17 @@ class DQN:
         else:
             torch.mul(flat, scale, out=self._flat_grad)
         self.optimizer.step(self._flat_grad, clip_norm=self.grad_clip)
+        self.updates += 1
+        if self.updates % self.target_update == 0:
+            self.sync_target()
 
     def sync_target(self) -> None:
         """Copy the online weights into the target network."""
         self.target.load_state_dict(self.online.state_dict())
+
+    def _check_phase(self, phase: str) -> None:
+        if phase != "q":
+            raise ValueError(f"dqn has one update phase, 'q'; got {phase!r}")
 
     # ---- parameters and checkpoints ------------------------------------------------------
 
@@ -215,16 +311,26 @@ class DQN:
         # A copy into our buffer: never alias the caller's numpy memory.
         self._flat.copy_(flat_t)
 
+    def state_arrays(self) -> list[np.ndarray]:
+        # The online parameters: the target and the optimizer follow from the same
+        # averaged gradients (and the digest stays what earlier runs recorded).
+        return [self.get_flat_params()]
+
     def state_dict(self) -> dict:
-        """Online, target and optimizer state: nested dicts of tensors and numbers."""
+        """Online, target and optimizer state, and the update count (target syncs)."""
         return {"online": self.online.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict() returned."""
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state.get("updates", self.optimizer.step_count))
+
+    def signature(self) -> dict:
+        return {**super().signature(), "hidden": list(self.config.hidden),
+                "dueling": self.config.dueling}
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.float32, device=self.device)

@@ -91,8 +91,9 @@ class MetricsLog:
     """
 
     def __init__(self, path: str | Path, attrs: dict, flush_every: float = 5.0,
-                 append_existing: bool = False):
+                 append_existing: bool = False, streams: dict | None = None):
         self.path = Path(path)
+        self.streams = dict(streams or STREAMS)
         self.flush_every = float(flush_every)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         stored = {key: _attr_value(key, value) for key, value in attrs.items()}
@@ -101,17 +102,17 @@ class MetricsLog:
         self._file = h5py.File(self.path, "r+" if reopen else "w", libver=LIBVER)
         try:
             if reopen:
-                problem = _schema_problem(self._file)
+                problem = _schema_problem(self._file, self.streams)
                 if problem:
                     raise ValueError(f"{self.path}: {problem}")
-                self._datasets = {name: self._file[name] for name in STREAMS}
+                self._datasets = {name: self._file[name] for name in self.streams}
                 resumes = json.loads(self._file.attrs.get("resumes", "[]") or "[]")
                 stored = {"resumes": json.dumps(resumes + [stored.get("start_time", "")])}
             else:
                 self._datasets = {
                     name: self._file.create_dataset(name, shape=(0,), maxshape=(None,),
                                                     chunks=(CHUNK_ROWS,), dtype=dtype)
-                    for name, dtype in STREAMS.items()}
+                    for name, dtype in self.streams.items()}
             for key, value in stored.items():
                 self._file.attrs[key] = value
             # From here on no new objects or attributes may be created: only appends.
@@ -119,7 +120,7 @@ class MetricsLog:
         except BaseException:
             self._file.close()
             raise
-        self._rows = {name: int(self._datasets[name].shape[0]) for name in STREAMS}
+        self._rows = {name: int(self._datasets[name].shape[0]) for name in self.streams}
         self._last_flush = time.monotonic()
 
     def rows(self, stream: str) -> int:
@@ -178,24 +179,24 @@ class MetricsLog:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @staticmethod
-    def _check_stream(stream: str) -> np.dtype:
-        if stream not in STREAMS:
+    def _check_stream(self, stream: str) -> np.dtype:
+        if stream not in self.streams:
             raise ValueError(f"unknown metrics stream {stream!r} "
-                             f"(known: {', '.join(STREAMS)})")
-        return STREAMS[stream]
+                             f"(known: {', '.join(self.streams)})")
+        return self.streams[stream]
 
 
 class MetricsReadError(OSError):
     """A metrics log that cannot be read; the message names the file and the reason."""
 
 
-def _schema_problem(f: h5py.File) -> str | None:
+def _schema_problem(f: h5py.File, streams: dict | None = None) -> str | None:
     """Why an open HDF5 file is not a metrics log of this schema, or None."""
-    missing = [name for name in STREAMS if name not in f]
+    streams = streams or STREAMS
+    missing = [name for name in streams if name not in f]
     if missing:
         return f"not a metrics log (no {', '.join(missing)})"
-    for name, dtype in STREAMS.items():
+    for name, dtype in streams.items():
         if not isinstance(f[name], h5py.Dataset) or f[name].dtype != dtype:
             return f"not a metrics log of this schema (stream {name!r} differs)"
     return None
@@ -299,7 +300,7 @@ def log_segments(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _append_problem(path: Path) -> str | None:
+def _append_problem(path: Path, streams: dict | None = None) -> str | None:
     """Why `path` cannot take appended rows, or None; never raises, changes nothing."""
     try:
         marked, problem = _superblock(path)
@@ -308,13 +309,13 @@ def _append_problem(path: Path) -> str | None:
         if marked:
             return "still marked open for writing (its writer was killed, or still runs)"
         with h5py.File(path, "r") as f:
-            return _schema_problem(f)
+            return _schema_problem(f, streams)
     except Exception as exc:       # noqa: BLE001 -- any damage means: next segment
         return _reason(exc)
 
 
 def open_run_log(run_dir: str | Path, attrs: dict, resume: bool,
-                 flush_every: float = 5.0) -> MetricsLog:
+                 flush_every: float = 5.0, streams: dict | None = None) -> MetricsLog:
     """Open the run's metrics log for writing (rank 0).
 
     Fresh run: a new `metrics.h5`; earlier segments in `run_dir` are deleted.
@@ -329,14 +330,14 @@ def open_run_log(run_dir: str | Path, attrs: dict, resume: bool,
     if not resume:
         for old in segments:
             old.unlink()
-        return MetricsLog(run_dir / FIRST_SEGMENT, attrs, flush_every)
+        return MetricsLog(run_dir / FIRST_SEGMENT, attrs, flush_every, streams=streams)
     if not segments:
-        return MetricsLog(run_dir / FIRST_SEGMENT, attrs, flush_every)
+        return MetricsLog(run_dir / FIRST_SEGMENT, attrs, flush_every, streams=streams)
     last = segments[-1]
-    reason = _append_problem(last)
+    reason = _append_problem(last, streams)
     if reason is None:
         try:
-            return MetricsLog(last, attrs, flush_every, append_existing=True)
+            return MetricsLog(last, attrs, flush_every, append_existing=True, streams=streams)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             reason = _reason(exc)
     index = int(_SEGMENT.fullmatch(last.name).group(1) or 0) + 1
@@ -344,7 +345,7 @@ def open_run_log(run_dir: str | Path, attrs: dict, resume: bool,
     warnings.warn(f"metrics log {last} cannot be appended to ({reason}); it is kept as "
                   f"it is and the log continues in {new.name}", stacklevel=2)
     return MetricsLog(new, {**attrs, "continues": last.name, "continues_because": reason},
-                      flush_every)
+                      flush_every, streams=streams)
 
 
 def read_run_metrics(run_dir: str | Path) -> dict:

@@ -1,7 +1,8 @@
 """The record types of the metrics log: one table (1-D compound dataset) per stream.
 
 Every stream's table lives at `/<stream>` in `<run dir>/metrics.h5`.  Writers and
-readers (the runtime, `pal_hpc.analyze`, any HDF5 tool) agree on these dtypes.
+readers (the runtime, `pal_hpc.analyze`, any HDF5 tool) agree on these dtypes; the
+`/learner` columns after the first three are the algorithm's `metric_names`.
 """
 
 import numpy as np
@@ -14,16 +15,19 @@ EPISODES = np.dtype([
     ("length", np.int32),
 ])
 
-LEARNER = np.dtype([
-    ("update", np.int64),        # learner steps so far (identical on every learner)
-    ("wall_s", np.float64),
-    ("env_step", np.int64),
-    ("loss", np.float64),
-    ("td_abs_mean", np.float64),
-    ("q_mean", np.float64),
-    ("grad_norm", np.float64),
-    ("lr", np.float64),
-])
+def learner_dtype(metric_names) -> np.dtype:
+    """The `/learner` table of an algorithm: the update, when, and its metric names."""
+    return np.dtype([
+        ("update", np.int64),        # learner steps so far (identical on every learner)
+        ("wall_s", np.float64),
+        ("env_step", np.int64),
+        *[(name, np.float64) for name in metric_names],
+    ])
+
+
+# DQN's metrics: the default schema (and that of every log written before the
+# algorithm contract, less its constant "lr" column).
+LEARNER = learner_dtype(("loss", "td_abs_mean", "q_mean", "grad_norm"))
 
 EVALUATION = np.dtype([
     ("env_step", np.int64),
@@ -48,3 +52,10 @@ SYSTEM = np.dtype([
 ])
 
 STREAMS = {"episodes": EPISODES, "learner": LEARNER, "evaluation": EVALUATION, "system": SYSTEM}
+
+
+def streams_for(metric_names=None) -> dict[str, np.dtype]:
+    """The streams of a run whose algorithm reports `metric_names` (None: DQN's)."""
+    if metric_names is None:
+        return dict(STREAMS)
+    return {**STREAMS, "learner": learner_dtype(metric_names)}

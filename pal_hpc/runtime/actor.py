@@ -1,7 +1,7 @@
-"""Actor: steps a few environments with one batched forward pass per step,
-epsilon-greedy with its own epsilon, and writes n-step transitions into its
-node's shared replay in batches.  It adopts new weights when the node's learner
-has published a newer version (one atomic load per step, no MPI call)."""
+"""Actor: steps a few environments with one batched forward pass of its policy per
+step and writes n-step transitions into its node's shared replay in batches.  The
+policy (the algorithm's) owns exploration.  The actor adopts new weights when the
+node's learner has published a newer version (one atomic load per step, no MPI call)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,17 @@ import time
 
 import numpy as np
 
-from pal_hpc.runtime.envs import make_env, obs_info
+from pal_hpc.runtime.envs import make_env
 from pal_hpc.runtime.nstep import NStep
-
-
-def actor_epsilon(cfg, actor_index: int, n_actors: int, global_steps: float) -> float:
-    """Linear decay from eps_start to this actor's final epsilon over exploration_steps;
-    final epsilons spread Ape-X style: eps_final ** (1 + eps_spread * i / (N - 1))."""
-    spread = cfg.eps_spread * actor_index / (n_actors - 1) if n_actors > 1 else 0.0
-    final = cfg.eps_final ** (1.0 + spread)
-    frac = min(1.0, global_steps / cfg.exploration_steps) if cfg.exploration_steps > 0 else 1.0
-    return cfg.eps_start + frac * (final - cfg.eps_start)
 
 
 class Actor:
     """One actor rank's environments, policy copy and replay writer."""
 
-    def __init__(self, cfg, algo, replay, region: int, weights, actor_index: int, n_actors: int,
-                 write_batch: int = 32):
+    def __init__(self, cfg, policy, replay, region: int, weights, actor_index: int,
+                 n_actors: int, write_batch: int = 32):
         self.cfg = cfg
-        self.algo = algo                    # used for act(); parameters come from `weights`
+        self.policy = policy                # its parameters come from `weights`
         self.replay = replay
         self.region = region
         self.weights = weights
@@ -45,7 +36,7 @@ class Actor:
         self.ep_return = np.zeros(len(self.envs))
         self.ep_length = np.zeros(len(self.envs), np.int64)
         self.version = 0
-        self._params = np.empty(algo.num_params, np.float32)
+        self._params = np.empty(policy.num_params, np.float32)
         self._pending: list[tuple] = []
         self.steps = 0
         self.finished: list[tuple[float, int]] = []   # (return, length) since last drained
@@ -63,17 +54,16 @@ class Actor:
         """Adopt the latest published parameters if they are newer; True if adopted."""
         if self.weights.version() > self.version:
             self.version = self.weights.read(self._params)
-            self.algo.set_flat_params(self._params)
+            self.policy.set_flat_params(self._params)
             return True
         return False
 
     def step(self, global_steps: float) -> None:
         """One step of every environment."""
         self.pull_weights()
-        eps = actor_epsilon(self.cfg, self.actor_index, self.n_actors, global_steps)
-        actions = self.algo.act(self.obs, np.full(len(self.envs), eps), self.rng)
+        actions = self.policy.act(self.obs, self.rng, global_steps)
         for i, env in enumerate(self.envs):
-            a = int(actions[i])
+            a = actions[i]
             next_obs, reward, terminated, truncated, _ = env.step(a)
             self.ep_return[i] += reward
             self.ep_length[i] += 1
@@ -99,7 +89,7 @@ class Actor:
         t0 = time.perf_counter()
         self.replay.add(self.region, {
             "obs": np.asarray(obs, dtype=spec["obs"][1]),
-            "action": np.asarray(action, dtype=np.int64),
+            "action": np.asarray(action, dtype=spec["action"][1]),
             "reward": np.asarray(ret, dtype=np.float32),
             "next_obs": np.asarray(next_obs, dtype=spec["next_obs"][1]),
             "discount": np.asarray(discount, dtype=np.float32),
@@ -116,25 +106,4 @@ class Actor:
             env.close()
 
 
-def evaluate(cfg, algo, episodes: int, seed: int) -> np.ndarray:
-    """Greedy returns of `episodes` episodes on fresh environments (batched forward passes)."""
-    envs = [make_env(cfg.env, seed + i) for i in range(episodes)]
-    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
-    returns = np.zeros(episodes)
-    live = np.ones(episodes, bool)
-    rng = np.random.default_rng(seed)
-    zeros = np.zeros(episodes)
-    while live.any():
-        actions = algo.act(obs, zeros, rng)
-        for i in np.flatnonzero(live):
-            o, r, terminated, truncated, _ = envs[i].step(int(actions[i]))
-            returns[i] += r
-            obs[i] = o
-            if terminated or truncated:
-                live[i] = False
-    for env in envs:
-        env.close()
-    return returns
-
-
-__all__ = ["Actor", "actor_epsilon", "evaluate", "obs_info"]
+__all__ = ["Actor"]

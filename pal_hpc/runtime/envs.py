@@ -12,7 +12,9 @@ _registered_ale = False
 
 def make_env(env_id: str, seed: int) -> gym.Env:
     """A seeded environment; raises ConfigError (a ValueError) naming the id if it is
-    unknown or unsupported, so the job rejects it like any bad flag."""
+    unknown or unsupported, so the job rejects it like any bad flag.  A Box action
+    space is rescaled to [-1, 1]: every algorithm acts in that range.  Whether the
+    spaces suit the algorithm is the algorithm's `check_env`."""
     global _registered_ale
     if not _registered_ale:
         try:
@@ -25,13 +27,26 @@ def make_env(env_id: str, seed: int) -> gym.Env:
         env = gym.make(env_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env: cannot make {env_id!r}: {exc}") from None
-    if not isinstance(env.action_space, gym.spaces.Discrete):
-        env.close()
-        raise ConfigError(f"env: dqn needs a Discrete action space; {env_id} has "
-                          f"{env.action_space}")
+    if isinstance(env.action_space, gym.spaces.Box):
+        space = env.action_space
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            env.close()
+            raise ConfigError(f"env: {env_id}'s action space {space} is unbounded; "
+                              f"continuous actions are scaled from [-1, 1] to its bounds")
+        # Algorithms act in [-1, 1] (tanh policies); the env gets its own bounds.
+        ones = np.ones(space.shape, np.float32)     # float32 bounds: no precision warning
+        env = gym.wrappers.RescaleAction(env, -ones, ones)
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
+
+
+def action_info(env: gym.Env) -> tuple[tuple, np.dtype]:
+    """Action shape and the dtype the replay stores it in (int64 index or float32)."""
+    space = env.action_space
+    if isinstance(space, gym.spaces.Discrete):
+        return (), np.dtype(np.int64)
+    return tuple(space.shape), np.dtype(np.float32)
 
 
 def obs_info(env: gym.Env) -> tuple[tuple, np.dtype]:

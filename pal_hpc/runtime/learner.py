@@ -1,13 +1,16 @@
-"""Learner: sample -> gradients -> average over every learner -> step -> priorities.
+"""Learner: sample -> per phase: gradient, average over every learner, step -> priorities.
 
 `Learner.step()` never blocks: it is a small state machine driven by the rank's
-main loop.  When the rate limit allows, it samples its node's replay, computes
-gradients and posts a non-blocking Allreduce of [gradient | contributors | stop
-vote | pause vote] over all learners (every node); a later call that finds the
-reduction complete applies the averaged gradient.  Because the votes travel
-inside the same reduction, all learners take exactly the same steps and stop --
-or pause for a checkpoint -- after the same one, and a learner that has no data
-yet still joins a reduction that ends the run or pauses it.
+main loop.  When the rate limit allows, it samples its node's replay and runs the
+algorithm's update phases for this update (`algo.phases(u)`: DQN has one, TD3 a
+critic phase and, every other update, an actor phase).  Each phase computes its
+gradient into one flat buffer and posts a non-blocking Allreduce of it over all
+learners (every node); a later call that finds the reduction complete applies the
+averaged gradient and starts the next phase.  The first phase's buffer also
+carries [contributors | stop vote | pause vote]: because the votes travel inside the
+reduction, all learners take exactly the same steps and stop -- or pause for a
+checkpoint -- after the same one, and a learner that has no data yet still joins a
+reduction that ends the run or pauses it.
 """
 
 from __future__ import annotations
@@ -40,15 +43,21 @@ class Learner:
         self.metrics: dict[str, float] = {}
         self.busy_seconds = 0.0
         self.sample_times: list[float] = []     # seconds per replay.sample, for telemetry
-        n = algo.num_params
         self.paused = False                  # stopped after a pause vote, until resumed
+        n = max(algo.phase_size(p) for u in range(8) for p in algo.phases(u))
         self._send = np.zeros(n + 3, np.float32)
         # A lone learner reduces with itself: receive where it sent, no copy.
         self._recv = self._send if self.comm.Get_size() == 1 else np.zeros(n + 3, np.float32)
         self._req = None
-        self._stop_posted = False
+        self._phase, self._first, self._n = "", False, 0   # the reduction in flight
+        self._todo: list[str] = []           # phases of this update still to run
+        self._voting = False                 # this update: zeros and a vote, no batch
+        self._contributors = 0.0
+        self._votes = (False, False)
+        self._batch: dict | None = None
+        self._want_metrics = False
         if self.weights is not None:
-            self.weights.publish(self.algo.get_flat_params())
+            self.weights.publish(self.algo.policy_params())
 
     def ready(self) -> bool:
         """Rate limit (learner side): enough data, and no more sampled from this node's
@@ -69,29 +78,51 @@ class Learner:
             self._req = None
             self._finish()
             return True
+        if self._todo:                       # the next phase of the update under way
+            self._run_phase(self._todo.pop(0), first=False)
+            return True
         if stopping or pause:
-            self._send[:] = 0.0
-            self._send[-2 if stopping else -1] = 1.0
-            self._post()
+            # A vote: this learner sampled nothing, so it sends zeros through this
+            # update's phases; the others' gradients still reach it (and it applies
+            # them) so that every learner keeps the same parameters.
+            self._voting = True
+            self._todo = list(self.algo.phases(self.updates))
+            self._run_phase(self._todo.pop(0), first=True,
+                            votes=(0.0, 1.0, 0.0) if stopping else (0.0, 0.0, 1.0))
             return True
         if not self.ready():
             return False
         t0 = time.perf_counter()
         beta = self.cfg.per_beta + (1.0 - self.cfg.per_beta) * min(1.0, progress)
-        batch = self.replay.sample(self.cfg.batch_size, beta=beta, rng=self.rng)
+        self._batch = self.replay.sample(self.cfg.batch_size, beta=beta, rng=self.rng)
         self.sample_times.append(time.perf_counter() - t0)
-        want = (self.updates + 1) % METRICS_EVERY == 0
-        _, metrics, priorities = self.algo.compute_gradients(batch, out=self._send[:-3],
-                                                             metrics=want)
-        self.replay.update_priorities(batch["indices"], priorities, batch["tickets"])
-        if want:
-            self.metrics = metrics
-        self._send[-3:] = (1.0, 0.0, 0.0)
+        self._want_metrics = (self.updates + 1) % METRICS_EVERY == 0
+        if self._want_metrics:
+            self.metrics = {}
+        self._voting = False
+        self._todo = list(self.algo.phases(self.updates))
         self.busy_seconds += time.perf_counter() - t0
-        self._post()
+        self._run_phase(self._todo.pop(0), first=True, votes=(1.0, 0.0, 0.0))
         return True
 
-    def _post(self) -> None:
+    def _run_phase(self, phase: str, first: bool, votes=(0.0, 0.0, 0.0)) -> None:
+        """Compute `phase`'s gradient (zeros when voting) and post its reduction; the
+        first phase of an update carries [contributors | stop | pause]."""
+        t0 = time.perf_counter()
+        n = self.algo.phase_size(phase)
+        if self._voting:
+            self._send[:n] = 0.0
+        else:
+            metrics, priorities = self.algo.compute_gradients(
+                phase, self._batch, out=self._send[:n], metrics=self._want_metrics)
+            if priorities is not None:
+                self.replay.update_priorities(self._batch["indices"], priorities,
+                                              self._batch["tickets"])
+            if self._want_metrics:
+                self.metrics.update(metrics)
+        self._send[-3:] = votes
+        self._phase, self._first, self._n = phase, first, n
+        self.busy_seconds += time.perf_counter() - t0
         if self.comm.Get_size() == 1:
             self._finish()              # _recv is _send
         else:
@@ -99,18 +130,31 @@ class Learner:
 
     def _finish(self) -> None:
         t0 = time.perf_counter()
-        contributors, stop, pause = (float(v) for v in self._recv[-3:])
-        if contributors > 0:
-            self.algo.apply_gradients(self._recv[:-3], scale=1.0 / contributors)
+        if self._first:
+            contributors, stop, pause = (float(v) for v in self._recv[-3:])
+            self._contributors, self._votes = contributors, (stop > 0, pause > 0)
+            if contributors == 0:            # every learner voted: no update
+                self._todo = []
+                self._end_update(applied=False)
+                return
+        self.algo.apply_gradients(self._phase, self._recv[:self._n],
+                                  scale=1.0 / self._contributors)
+        if not self._todo:
+            self._end_update(applied=True)
+        self.busy_seconds += time.perf_counter() - t0
+
+    def _end_update(self, applied: bool) -> None:
+        """All phases of an update are applied (or none was): count it, publish, and
+        act on the votes that travelled with its first phase."""
+        self._batch = None
+        if applied:
             self.updates += 1
-            if self.updates % self.cfg.target_update == 0:
-                self.algo.sync_target()
             if self.weights is not None and self.updates % self.cfg.publish_every == 0:
-                self.weights.publish(self.algo.get_flat_params())
-        if stop > 0:
+                self.weights.publish(self.algo.policy_params())
+        stop, pause = self._votes
+        if stop:
             self.done = True
             if self.weights is not None:
-                self.weights.publish(self.algo.get_flat_params())
-        elif pause > 0:
+                self.weights.publish(self.algo.policy_params())
+        elif pause:
             self.paused = True
-        self.busy_seconds += time.perf_counter() - t0

@@ -48,11 +48,13 @@ class NStep:
         self._steps.clear()
 
 
-def transition_spec(obs_shape: tuple, obs_dtype=np.float32) -> dict:
-    """The SharedReplay spec of the transitions actors write."""
+def transition_spec(obs_shape: tuple, obs_dtype=np.float32, action_shape: tuple = (),
+                    action_dtype=np.int64) -> dict:
+    """The SharedReplay spec of the transitions actors write (the one copy: tests and
+    benchmarks use it too).  The defaults describe a discrete action."""
     return {
         "obs": (tuple(obs_shape), np.dtype(obs_dtype)),
-        "action": ((), np.dtype(np.int64)),
+        "action": (tuple(action_shape), np.dtype(action_dtype)),
         "reward": ((), np.dtype(np.float32)),
         "next_obs": (tuple(obs_shape), np.dtype(obs_dtype)),
         "discount": ((), np.dtype(np.float32)),

@@ -26,15 +26,17 @@ END = 199
 class Telemetry:
     """Per-rank row buffers; rank 0 owns the `MetricsLog` they end up in."""
 
-    def __init__(self, comm: MPI.Comm, log=None, send_every: float = 1.0):
+    def __init__(self, comm: MPI.Comm, log=None, send_every: float = 1.0,
+                 streams: dict | None = None):
         self.comm = comm
+        self.streams = dict(streams or STREAMS)     # the learner columns are the algorithm's
         self.root = comm.Get_rank() == 0
         self.log = log
         self.send_every = send_every
-        self.rows: dict[str, list] = {name: [] for name in STREAMS}
+        self.rows: dict[str, list] = {name: [] for name in self.streams}
         self._inflight: list[tuple] = []        # (request, buffer) until complete
         self._last_send = time.monotonic()
-        self._held: dict[str, list] = {name: [] for name in STREAMS}   # disk full: waiting
+        self._held: dict[str, list] = {name: [] for name in self.streams}   # disk full: waiting
         self._disk_full = False
         self._last_write = time.monotonic()
         self.dropped_rows = 0
@@ -168,7 +170,7 @@ class Telemetry:
     def _send_all(self) -> None:
         for name, rows in self.rows.items():
             if rows:
-                buf = np.array(rows, dtype=STREAMS[name])
+                buf = np.array(rows, dtype=self.streams[name])
                 req = self.comm.Isend([buf.view(np.uint8), MPI.BYTE], dest=0, tag=TAGS[name])
                 self._inflight.append((req, buf))
                 rows.clear()
@@ -184,12 +186,12 @@ class Telemetry:
         name = STREAM_OF[status.Get_tag()]
         buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
         self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=status.Get_tag())
-        self._to_log(name, buf.view(STREAMS[name]))
+        self._to_log(name, buf.view(self.streams[name]))
 
     def _store_own(self) -> None:
         for name, rows in self.rows.items():
             if rows:
-                self._to_log(name, np.array(rows, dtype=STREAMS[name]))
+                self._to_log(name, np.array(rows, dtype=self.streams[name]))
             rows.clear()
 
 

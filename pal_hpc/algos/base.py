@@ -1,0 +1,171 @@
+"""The algorithm contract: what the runtime asks of an algorithm, and nothing more.
+
+The runtime (processes, MPI, replay, checkpoints, metrics) knows no algorithm; an
+algorithm knows no MPI.  Two sides, as in Acme's learner/actor split:
+
+- `Algorithm` (learner side).  The runtime drives it through *update phases*: for
+  update number u it asks `phases(u)` (say ("critic", "actor") on TD3's delayed
+  steps), and for each phase in turn computes that phase's gradient into one flat
+  float32 buffer (`compute_gradients`), sums it over every learner with one
+  Allreduce, and hands the sum back (`apply_gradients`, with scale = 1/learners).
+  The algorithm owns its optimizers, target networks and Polyak averaging; the
+  runtime never sees them.  The first phase returns the new priorities of the
+  sampled transitions (|TD error|), or None when the algorithm has none.
+- `Policy` (actor side): a copy of the network actors need, loaded from the flat
+  vector the learners publish (`policy_params`), and `act`, which owns exploration
+  (epsilon for DQN, Gaussian noise for DDPG/TD3, sampling for SAC).
+
+A new algorithm is one module in `pal_hpc/algos/` (its `Config` dataclass, its
+Policy and its Algorithm), one line in `pal_hpc/algos/__init__.py`'s registry and
+one test file.  The config fields become flags, listed in `--help` under the
+algorithm's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from pal_hpc.config import ConfigError
+
+
+@dataclasses.dataclass
+class AlgoConfig:
+    """Base of an algorithm's hyper-parameters.  Each field needs `help` metadata
+    (use `pal_hpc.config._f`); `validate` raises ConfigError naming the field."""
+
+    def validate(self) -> None:
+        """Every float field must be finite; subclasses add their own checks."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name}: must be finite, got {value!r}")
+
+    def require(self, name: str, ok: bool, what: str) -> None:
+        """Raise `ConfigError("<name>: <what>, got <value>")` unless `ok`."""
+        if not ok:
+            raise ConfigError(f"{name}: {what}, got {getattr(self, name)!r}")
+
+
+class Policy(ABC):
+    """What an actor runs: `act` on a batch of observations, with exploration.
+
+    Parameters come from the learners' published flat vector (`set_flat_params`);
+    a policy never learns."""
+
+    @property
+    @abstractmethod
+    def num_params(self) -> int:
+        """Length of the flat vector `set_flat_params` takes."""
+
+    @abstractmethod
+    def set_flat_params(self, flat: np.ndarray) -> None:
+        """Load the parameters the learners published (a copy; never aliased)."""
+
+    @abstractmethod
+    def act(self, obs: np.ndarray, rng: np.random.Generator, global_steps: float,
+            deterministic: bool = False) -> np.ndarray:
+        """Actions for a batch of observations (B, *obs_shape), in the env's action
+        space (Discrete: int64 (B,); Box: float32 (B, act_dim) in [-1, 1], which the
+        runtime's environments take).  `global_steps` (env steps of the whole job)
+        drives exploration schedules; `deterministic` is the evaluation policy
+        (greedy, or the mean action)."""
+
+
+class Algorithm(ABC):
+    """The learner side of an algorithm (see the module docstring).
+
+    Subclasses set `name`, `Config` and `metric_names`, and are built as
+    `Algo(obs_space, act_space, config, device=..., seed=...)`; the same seed gives
+    bit-identical parameters on every rank."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[AlgoConfig]]
+    metric_names: ClassVar[tuple[str, ...]]   # the learner metrics the log records
+    # Run-wide settings this algorithm wants when the user gives none (e.g. TD3's
+    # gamma 0.98 and batches of 256); `pal_hpc.config.config_from_dict` applies them.
+    run_defaults: ClassVar[dict] = {}
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: AlgoConfig, *,
+                 device: Any = "cpu", seed: int = 0):
+        self.obs_space, self.act_space, self.config = obs_space, act_space, config
+
+    # -- what the runtime asks before building anything --------------------------------
+
+    @classmethod
+    def check_env(cls, env_id: str, obs_space: gym.Space, act_space: gym.Space) -> None:
+        """Raise ConfigError (field "env") when the spaces do not fit the algorithm."""
+
+    @classmethod
+    def needs(cls, kind: type, env_id: str, act_space: gym.Space) -> None:
+        """check_env's usual body: the action space must be a `kind`."""
+        if not isinstance(act_space, kind):
+            raise ConfigError(f"env: {cls.name} needs a {kind.__name__} action space; "
+                              f"{env_id} has {act_space}")
+
+    # -- acting ------------------------------------------------------------------------
+
+    @abstractmethod
+    def make_policy(self, actor_index: int, n_actors: int) -> Policy:
+        """A CPU policy for actor `actor_index` of `n_actors` (exploration may differ
+        per actor, Ape-X style), holding the current policy parameters."""
+
+    @abstractmethod
+    def policy_params(self) -> np.ndarray:
+        """The flat float32 vector actors need (what the learners publish)."""
+
+    # -- learning ----------------------------------------------------------------------
+
+    @abstractmethod
+    def phases(self, update: int) -> tuple[str, ...]:
+        """The phases of update number `update` (0-based), in order.  Must depend on
+        `update` alone: every learner runs the same phases."""
+
+    @abstractmethod
+    def phase_size(self, phase: str) -> int:
+        """Length of `phase`'s flat gradient."""
+
+    @abstractmethod
+    def compute_gradients(self, phase: str, batch: dict[str, np.ndarray], out: np.ndarray,
+                          metrics: bool = False) -> tuple[dict[str, float], np.ndarray | None]:
+        """Write `phase`'s gradient on `batch` into `out` (float32, phase_size(phase));
+        return (metrics -- {} unless `metrics` --, new priorities (B,) float64 or None).
+        `batch` holds the transition fields plus "weights" (importance weights)."""
+
+    @abstractmethod
+    def apply_gradients(self, phase: str, flat_grad: np.ndarray, scale: float = 1.0) -> None:
+        """Step `phase`'s optimizer with `flat_grad * scale` (target updates included)."""
+
+    # -- state -------------------------------------------------------------------------
+
+    @abstractmethod
+    def state_arrays(self) -> list[np.ndarray]:
+        """Every array the learners must agree on (networks, targets, temperatures):
+        what `digest` hashes."""
+
+    def digest(self) -> str:
+        """SHA-256 over `state_arrays()`: equal on every learner after every update."""
+        h = hashlib.sha256()
+        for arr in self.state_arrays():
+            h.update(np.ascontiguousarray(arr).tobytes())
+        return h.hexdigest()
+
+    @abstractmethod
+    def state_dict(self) -> dict:
+        """Everything a checkpoint needs: nested dicts of tensors, arrays and numbers."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned."""
+
+    def signature(self) -> dict:
+        """What a checkpoint must match to be resumed into this algorithm: its name,
+        the spaces and every config field that changes a shape."""
+        return {"algo": self.name, "obs_shape": list(self.obs_space.shape),
+                "action_space": str(self.act_space)}

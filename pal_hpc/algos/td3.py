@@ -1,0 +1,77 @@
+"""TD3 (Fujimoto et al. 2018) on DDPG's base (`pal_hpc.algos.ddpg`): what it adds.
+
+- Twin critics and the clipped double-Q target min(Q1', Q2') (DDPG's loss already
+  takes the min over however many critics there are).
+- Target policy smoothing: a' = clip(actor'(s') + clip(N(0, target_noise),
+  -noise_clip, noise_clip), -1, 1), the noise drawn from this learner's own seeded
+  generator (saved in the checkpoint), so a run is reproducible.
+- A delayed actor: update u has the "actor" phase (actor step, then Polyak on both
+  targets) only when (u + 1) % policy_delay == 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pal_hpc.algos.ddpg import DDPG, DDPGConfig
+from pal_hpc.config import option as _f
+
+
+@dataclass
+class TD3Config(DDPGConfig):
+    """TD3's hyper-parameters: DDPG's plus the delay and the target smoothing."""
+
+    policy_delay: int = _f(2, "critic updates per actor (and target) update")
+    target_noise: float = _f(0.2, "std of the target policy smoothing noise")
+    noise_clip: float = _f(0.5, "target smoothing noise is clipped to +-noise_clip")
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("policy_delay", self.policy_delay >= 1, "must be >= 1")
+        for name in ("target_noise", "noise_clip"):
+            self.require(name, getattr(self, name) >= 0, "must be >= 0")
+
+
+def smooth_target_action(mean: torch.Tensor, noise_std: float, noise_clip: float,
+                         generator: torch.Generator) -> torch.Tensor:
+    """clip(mean + clip(N(0, noise_std), -noise_clip, noise_clip), -1, 1)."""
+    noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+    noise = (noise * noise_std).clamp_(-noise_clip, noise_clip)
+    return (mean + noise).clamp_(-1.0, 1.0)
+
+
+class TD3(DDPG):
+    """DDPG with twin critics, target policy smoothing and a delayed actor."""
+
+    name = "td3"
+    Config = TD3Config
+    n_critics = 2
+
+    def __init__(self, obs_space, act_space, config: TD3Config | None = None, *,
+                 device="cpu", seed: int = 0):
+        super().__init__(obs_space, act_space, config, device=device, seed=seed)
+        # Its own stream (not the one that drew the initial weights), from `seed` alone.
+        stream_seed = int(np.random.SeedSequence([seed, 3]).generate_state(1, np.uint64)[0])
+        self.noise_generator = torch.Generator(device=self.device)
+        self.noise_generator.manual_seed(stream_seed)
+
+    def phases(self, update: int) -> tuple[str, ...]:
+        if (update + 1) % self.config.policy_delay == 0:
+            return ("critic", "actor")
+        return ("critic",)
+
+    def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
+        return smooth_target_action(self.actor_target(next_obs), self.config.target_noise,
+                                    self.config.noise_clip, self.noise_generator)
+
+    def state_dict(self) -> dict:
+        """DDPG's state and the smoothing-noise generator's."""
+        return {**super().state_dict(), "noise_generator": self.noise_generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.noise_generator.set_state(torch.as_tensor(state["noise_generator"],
+                                                       dtype=torch.uint8).cpu())

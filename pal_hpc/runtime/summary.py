@@ -1,0 +1,76 @@
+"""The end of a run: the summary rank 0 prints and writes (`summary.json`, `config.json`).
+
+`Summary` is a part of `RankRun` (a mixin) that reads the rank's coordinator, counters
+and layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pal_hpc.config import config_to_dict
+from pal_hpc.io.schema import EVALUATION
+from pal_hpc.runtime import stats as S
+
+
+class Summary:
+    """The summary method of `RankRun` (see the module docstring)."""
+
+    def _summary(self, totals: np.ndarray, final_eval: np.ndarray, identical: bool,
+                 checkpoint: str) -> dict:
+        cfg, coord = self.cfg, self.coord
+        wall = time.monotonic() - self.start
+        coord.observe(totals)           # episodes and evaluations since the last round
+        final_mean = float(final_eval[0] / final_eval[1]) if final_eval[1] else None
+        if final_mean is not None:
+            self.telemetry.write_now("evaluation", np.array(
+                [(int(totals[S.ENV_STEPS]), wall, final_mean, np.nan, int(final_eval[1]))],
+                dtype=EVALUATION))
+        means = [e["mean_return"] for e in coord.evals]
+        means += [final_mean] if final_mean is not None else []
+        hit = coord.target_hit
+        if hit is None and final_mean is not None and cfg.target_return is not None \
+                and final_mean >= cfg.target_return:
+            hit = {"env_steps": int(totals[S.ENV_STEPS]), "wall_s": round(wall, 3)}
+        summary = {
+            "algo": cfg.algo, "env": cfg.env, "seed": cfg.seed,
+            "env_steps": int(totals[S.ENV_STEPS]), "updates": int(totals[S.UPDATES]),
+            "wall_s": round(wall, 3),
+            "best_eval_return": max(means) if means else None,
+            "final_eval_return": final_mean,
+            "time_to_target_s": hit["wall_s"] if hit else None,
+            "steps_to_target": hit["env_steps"] if hit else None,
+            "target_return": cfg.target_return,
+            "ranks": self.world.Get_size(), "nodes": self.topo.n_nodes,
+            "actors": self.n_actors, "learners": self.n_learners,
+            "learner_params_identical": identical,
+            "checkpoint": checkpoint,       # None: the final checkpoint failed
+            "resumed_from": self.resumed_from or None,
+            "params_digest_at_start": self.start_digest or None,
+            "replay_size_at_start": self.start_replay_size,
+            "stop_reason": coord.stop_reason or "loop ended",
+            "evaluations": coord.evals,
+        }
+        run_dir = Path(cfg.resolved_run_dir())
+        _write_json(run_dir / "config.json", config_to_dict(cfg))
+        _write_json(run_dir / "summary.json", summary)
+        short = {k: v for k, v in summary.items() if k != "evaluations"}
+        print("summary: " + json.dumps(short), flush=True)
+        return summary
+
+
+def _write_json(path: Path, obj) -> None:
+    """Write via a temporary file and a rename, so a reader never sees half a file.
+    A failure (a full disk) is reported and leaves the old file, if any."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"pal_hpc: error: could not write {path}: {exc}", file=sys.stderr, flush=True)
