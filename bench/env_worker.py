@@ -2,10 +2,10 @@
 an actor and nothing else (no learner, no evaluation).
 
 Each rank builds what pal_hpc/runtime/run.py builds for an actor rank -- a Config, a
-node-shared SharedReplay with one region per actor of the node, a node WeightStore, a
-DQN policy (hidden (64, 64)) and pal_hpc.runtime.actor.Actor -- with
-eps_start = eps_final = 1.0, so every action is random (the policy's forward pass still
-runs each step, as in a real actor).  After a --warmup and a barrier, each rank calls
+node-shared SharedReplay with one region per actor of the node, a node WeightStore, the
+DQN policy of its actor index (DQN(...).make_policy, hidden [64, 64]) and
+pal_hpc.runtime.actor.Actor -- with eps_start = eps_final = 1.0, so every action is
+random (the policy's forward pass still runs each step, as in a real actor).  After a --warmup and a barrier, each rank calls
 Actor.step() for --seconds: it steps its --envs-per-actor environments, builds n-step
 transitions and writes them into the shared replay in batches of 32 (Actor.flush), as a
 training actor does, so the writes are part of what is timed.  The actor's rate limit
@@ -26,13 +26,13 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from pal_hpc.algos import DQN
+from pal_hpc.algos.dqn import DQN, DQNConfig
 from pal_hpc.config import Config
 from pal_hpc.cluster import node_comm
 from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime.actor import Actor
-from pal_hpc.runtime.envs import make_env, obs_info
+from pal_hpc.runtime.envs import action_info, make_env, obs_info
 from pal_hpc.runtime.nstep import transition_spec
 
 
@@ -69,20 +69,22 @@ def main() -> None:
     node = node_comm(world)
     n_actors = world.Get_size()
     cfg = Config(env=args.env, seed=args.seed, envs_per_actor=args.envs_per_actor,
-                 eps_start=1.0, eps_final=1.0, replay_capacity=args.capacity, hidden=[64, 64])
+                 replay_capacity=args.capacity,
+                 algo_config=DQNConfig(eps_start=1.0, eps_final=1.0, hidden=[64, 64]))
     cfg.validate()
     torch.set_num_threads(cfg.torch_threads)
     probe = make_env(cfg.env, cfg.seed)
-    obs_shape, obs_dtype = obs_info(probe)
-    n_actions = int(probe.action_space.n)
+    obs_space, act_space = probe.observation_space, probe.action_space
+    DQN.check_env(cfg.env, obs_space, act_space)
+    spec = transition_spec(*obs_info(probe), *action_info(probe))
     probe.close()
 
     # As run.py: one replay region per actor rank of this node, one weight store per node.
-    replay = SharedReplay(transition_spec(obs_shape, obs_dtype), cfg.replay_capacity,
-                          comm=node, regions=node.Get_size(), fanout=cfg.fanout,
-                          alpha=cfg.per_alpha, eps=cfg.per_eps)
-    policy = DQN(obs_shape, n_actions, hidden=(64, 64), seed=cfg.seed)
-    weights = WeightStore(policy.num_params, comm=node)
+    replay = SharedReplay(spec, cfg.replay_capacity, comm=node, regions=node.Get_size(),
+                          fanout=cfg.fanout, alpha=cfg.per_alpha, eps=cfg.per_eps)
+    algo = DQN(obs_space, act_space, cfg.algo_config, seed=cfg.seed)
+    policy = algo.make_policy(world.Get_rank(), n_actors)
+    weights = WeightStore(len(algo.policy_params()), comm=node)
     actor = Actor(cfg, policy, replay, node.Get_rank(), weights, world.Get_rank(), n_actors)
 
     run_for(actor, n_actors, args.warmup)

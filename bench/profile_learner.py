@@ -1,8 +1,8 @@
 """Where a learner update's time goes, on this machine, outside MPI.
 
-Times the calls Learner.step makes -- replay.sample, DQN.compute_gradients (into a
-send buffer, metrics off as on 9 of 10 updates), replay.update_priorities and
-DQN.apply_gradients -- on a CartPole-sized replay, one torch thread, denormals
+Times the calls Learner.step makes -- replay.sample, DQN.compute_gradients("q", ...)
+(into a send buffer, metrics off as on 9 of 10 updates), replay.update_priorities and
+DQN.apply_gradients("q", ...) (target syncs included) -- on a CartPole-sized replay, one torch thread, denormals
 flushed as in the runtime.  A profiling aid for the learner's step cost, not a
 comparison with a peer (bench_train.py is that, end to end).
 
@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import time
 
+import gymnasium as gym
 import numpy as np
 import torch
 
-from pal_hpc.algos.dqn import DQN
+from pal_hpc.algos.dqn import DQN, DQNConfig
 from pal_hpc.replay import SharedReplay
+from pal_hpc.runtime.nstep import transition_spec
 
 
 def main() -> None:
@@ -31,16 +33,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
 
-    spec = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
-            "next_obs": ((4,), np.float32), "discount": ((), np.float32)}
-    rb = SharedReplay(spec, 100_000)
+    rb = SharedReplay(transition_spec((4,)), 100_000)
     rng = np.random.default_rng(0)
     n = 50_000
     rb.add(0, {"obs": rng.normal(size=(n, 4)).astype(np.float32), "action": rng.integers(0, 2, n),
                "reward": np.ones(n, np.float32), "next_obs": rng.normal(size=(n, 4)).astype(np.float32),
                "discount": np.full(n, 0.97, np.float32)})
-    algo = DQN((4,), 2, hidden=tuple(args.hidden), lr=2.3e-3)
-    send = np.zeros(algo.num_params, np.float32)
+    algo = DQN(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2),
+               DQNConfig(hidden=args.hidden))
+    (phase,) = algo.phases(0)
+    send = np.zeros(algo.phase_size(phase), np.float32)
     parts = {"sample": 0.0, "compute_gradients": 0.0, "update_priorities": 0.0,
              "apply_gradients": 0.0}
     warmup = 100
@@ -50,11 +52,11 @@ def main() -> None:
         t0 = time.perf_counter()
         batch = rb.sample(args.batch, rng=rng)
         t1 = time.perf_counter()
-        _, _, prio = algo.compute_gradients(batch, out=send, metrics=(i % 10 == 9))
+        _, prio = algo.compute_gradients(phase, batch, send, metrics=(i % 10 == 9))
         t2 = time.perf_counter()
         rb.update_priorities(batch["indices"], prio, batch["tickets"])
         t3 = time.perf_counter()
-        algo.apply_gradients(send)
+        algo.apply_gradients(phase, send)
         t4 = time.perf_counter()
         for k, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             parts[k] += dt

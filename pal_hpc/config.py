@@ -153,6 +153,8 @@ class Config:
         if not isinstance(self.algo_config, Algo.Config):
             raise ConfigError(f"algo_config: --algo {self.algo} needs a "
                               f"{Algo.Config.__name__}, got {type(self.algo_config).__name__}")
+        for name, tp in _algo_field_types(Algo.Config).items():
+            _check_type(name, tp, getattr(self.algo_config, name))
         self.algo_config.validate()
         for name in ("total_steps", "eval_episodes", "envs_per_actor", "replay_capacity",
                      "batch_size", "n_step", "publish_every", "torch_threads",
@@ -324,6 +326,7 @@ def config_from_dict(d: dict[str, Any]) -> Config:
     wrongly typed values raise `ConfigError`.  Does not call `validate()` (load_config
     does), so a saved config can be inspected even when its env is not installed here.
     """
+    spelled_as = {str(key).replace("-", "_"): key for key in d}
     d = _spelled(d)
     types_ = _field_types()
     registry = algorithms()
@@ -349,7 +352,7 @@ def config_from_dict(d: dict[str, Any]) -> Config:
                 raise ConfigError(f"{name}: given twice")
             algo_values[name] = value
         else:
-            raise ConfigError(f"{name}: unknown config key")
+            raise ConfigError(f"{spelled_as.get(name, name)}: unknown config key")
     algo_types = _algo_field_types(Algo.Config)
     for name, value in algo_values.items():
         if name not in algo_types:
@@ -428,8 +431,8 @@ def build_parser(prog: str = "python -m pal_hpc.main") -> argparse.ArgumentParse
     parser = argparse.ArgumentParser(
         prog=prog, description="Train an RL agent with actor and learner MPI ranks.",
         epilog="Precedence: defaults < the algorithm's defaults < --config file < "
-               "command-line flags.  Run-wide defaults marked 'dqn ...; td3 ...' differ "
-               "per --algo.")
+               "command-line flags.  A run-wide default followed by 'but td3 ...' is "
+               "another for that --algo.")
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="TOML or JSON file of field = value (keys with _ or -)")
     types_ = _field_types()
@@ -443,7 +446,7 @@ def build_parser(prog: str = "python -m pal_hpc.main") -> argparse.ArgumentParse
                     for name, Algo in registry.items()
                     if f.name in getattr(Algo, "run_defaults", {})]
         if per_algo:
-            shown += "; " + "; ".join(per_algo)
+            shown += "; but " + "; ".join(per_algo)
         choices = {"choices": tuple(registry)} if f.name == "algo" else {}
         _add_flag(parser, f.name, types_[f.name], f"{f.metadata['help']} (default: {shown})",
                   {**f.metadata, **choices})
@@ -473,7 +476,14 @@ def load_config(argv: list[str] | None = None) -> Config:
     (sys.argv[1:] when None); validated."""
     ns = vars(build_parser().parse_args(argv))
     path = ns.pop("config")
-    values = _spelled(read_config_file(path)) if path else {}
+    values: dict[str, Any] = {}
+    # Flags win over the file, also over an option in the file's algorithm table.
+    for key, value in (read_config_file(path) if path else {}).items():
+        name = str(key).replace("-", "_")
+        if name in algorithms() and isinstance(value, dict):
+            values[key] = {k: v for k, v in value.items() if k.replace("-", "_") not in ns}
+        elif name not in ns:
+            values[key] = value
     values.update(ns)                     # only flags actually given are in `ns`
     cfg = config_from_dict(values)
     cfg.validate()

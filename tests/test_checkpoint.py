@@ -3,12 +3,14 @@
 import json
 import warnings
 
+import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
 import torch
 
 from pal_hpc.algos import DQN
+from pal_hpc.algos.dqn import DQNConfig
 from pal_hpc.io import checkpoint as ckpt
 
 
@@ -122,23 +124,38 @@ def test_a_replay_file_or_foreign_file_is_not_a_checkpoint(tmp_path):
 
 
 def test_dqn_state_round_trip_is_exact(tmp_path):
-    algo = DQN((4,), 2, hidden=(16, 16), seed=3)
+    def make(seed):
+        # Target syncs every 4 updates: the 4th, taken after the restore, syncs only if
+        # the update count came back too.
+        return DQN(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2),
+                   DQNConfig(hidden=[16, 16], target_update=4), seed=seed)
+
+    def update(a):
+        grad = np.zeros(a.phase_size("q"), np.float32)
+        a.compute_gradients("q", batch, grad)
+        a.apply_gradients("q", grad)
+
+    algo = make(3)
     rng = np.random.default_rng(0)
     batch = {"obs": rng.random((32, 4), dtype=np.float32), "action": rng.integers(0, 2, 32),
              "reward": rng.random(32, dtype=np.float32), "next_obs": rng.random((32, 4), dtype=np.float32),
              "discount": np.full(32, 0.99, np.float32), "weights": np.ones(32, np.float32)}
     for _ in range(3):
-        grad, _, _ = algo.compute_gradients(batch)
-        algo.apply_gradients(grad)
+        update(algo)
     path = tmp_path / "algo.h5"
     ckpt.write_atomic(path, lambda f: ckpt.save_tree(f.create_group("algo"), algo.state_dict()))
     ckpt.verify(path)
-    other = DQN((4,), 2, hidden=(16, 16), seed=99)
+    other = make(99)
     with h5py.File(path, "r") as f:
         other.load_state_dict(ckpt.load_tree(f["algo"]))
     np.testing.assert_array_equal(other.get_flat_params(), algo.get_flat_params())
+    assert other.digest() == algo.digest() and other.updates == algo.updates == 3
+    assert torch.equal(next(other.target.parameters()), next(algo.target.parameters()))
+    assert not torch.equal(next(other.target.parameters()), next(other.online.parameters()))
     # The optimizer state came back too: one more identical step stays identical.
     for a in (algo, other):
-        a.apply_gradients(a.compute_gradients(batch)[0])
+        update(a)
     np.testing.assert_array_equal(other.get_flat_params(), algo.get_flat_params())
     assert torch.equal(next(other.target.parameters()), next(algo.target.parameters()))
+    for a in (algo, other):   # update 4 synced the target
+        assert all(torch.equal(p, q) for p, q in zip(a.online.parameters(), a.target.parameters()))

@@ -249,15 +249,16 @@ class DQN(Algorithm):
         return loss, stats, td_abs.cpu().numpy().astype(np.float64)
 
     def compute_gradients(self, phase: str, batch: dict[str, np.ndarray],
-                          out: np.ndarray | None = None, metrics: bool = False
+                          out: np.ndarray, metrics: bool = False
                           ) -> tuple[dict, np.ndarray]:
         """Backpropagate the loss into `out` (float32, num_params; e.g. straight into an
         Allreduce send buffer); return (metrics incl. "grad_norm" before clipping -- {}
         unless `metrics` --, priorities)."""
         self._check_phase(phase)
-        if out is None or out.dtype != np.float32 or out.shape != (self.num_params,):
+        if (not isinstance(out, np.ndarray) or out.dtype != np.float32
+                or out.shape != (self.num_params,)):
             raise ValueError(f"out must be float32 of shape ({self.num_params},), got "
-                             f"{None if out is None else (out.dtype, out.shape)}")
+                             f"{getattr(out, 'dtype', out)} {getattr(out, 'shape', '')}")
         self._flat_grad.zero_()
         loss, stats, priorities = self.loss(batch, metrics)
         loss.backward()
