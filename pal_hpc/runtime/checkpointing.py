@@ -151,7 +151,8 @@ class Checkpointing:
                 if self.learner.weights is not None:
                     self.learner.weights.publish(self.learner.algo.policy_params())
             g = f[f"ranks/rank_{world.Get_rank()}"]
-            self.stats.mine[:] = json.loads(g.attrs["stats"])[:S.SIZE]
+            saved = json.loads(g.attrs["stats"])[:S.SIZE]   # older files: fewer slots
+            self.stats.mine[:len(saved)] = saved
             # Requests of the old run (stop, preemption, checkpoints) are not this run's.
             for slot in (S.PREEMPT, S.STOP, S.CHECKPOINTS):
                 self.stats.mine[slot] = 0.0

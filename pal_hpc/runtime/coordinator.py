@@ -44,7 +44,8 @@ class Coordinator:
         if total[S.EVAL_COUNT] > 0:
             mean = total[S.EVAL_SUM] / total[S.EVAL_COUNT]
             rec = {"env_steps": int(total[S.EVAL_STEP]), "wall_s": round(now - self.start, 3),
-                   "mean_return": float(mean), "episodes": int(total[S.EVAL_COUNT])}
+                   "mean_return": float(mean), "episodes": int(total[S.EVAL_COUNT]),
+                   "eval_s": round(float(total[S.EVAL_SECONDS]), 3)}
             self.evals.append(rec)
             if self.telemetry is not None:
                 var = max(total[S.EVAL_SUMSQ] / total[S.EVAL_COUNT] - mean * mean, 0.0)

@@ -203,12 +203,14 @@ class RankRun(Checkpointing, Summary):
                                                now, self.me.actor_index, ret, length))
         if self.evaluator and global_steps >= self.next_eval and stats.mine[S.EVAL_COUNT] == 0:
             actor.pull_weights()
+            t0 = time.monotonic()
             returns = evaluate(cfg, self.policy, cfg.eval_episodes,
                                seed=cfg.seed + PERIODIC_SEED + int(global_steps))
             stats.add(S.EVAL_SUM, returns.sum())
             stats.add(S.EVAL_SUMSQ, (returns ** 2).sum())
             stats.add(S.EVAL_COUNT, len(returns))
             stats.add(S.EVAL_STEP, global_steps)
+            stats.add(S.EVAL_SECONDS, time.monotonic() - t0)
             self.next_eval = (global_steps // cfg.eval_every + 1) * cfg.eval_every
         return True
 
