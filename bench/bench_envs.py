@@ -37,8 +37,9 @@ import sys
 import time
 from pathlib import Path
 
+from pal_hpc.cluster.launch import mpi_env, mpiexec
+
 ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 
 
 def _last_json(out: subprocess.CompletedProcess, what: str) -> dict:
@@ -50,11 +51,10 @@ def _last_json(out: subprocess.CompletedProcess, what: str) -> dict:
 
 
 def ours(actors: int, args) -> dict:
-    cmd = [str(MPIEXEC), "-n", str(actors), sys.executable, "-m", "mpi4py",
-           str(ROOT / "bench" / "env_worker.py"), "--env", args.env,
+    cmd = mpiexec(actors, ROOT / "bench" / "env_worker.py", "--env", args.env,
            "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-           "--envs-per-actor", str(args.envs_per_actor)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+           "--envs-per-actor", str(args.envs_per_actor))
+    env = mpi_env()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=120 + 3 * (args.seconds + args.warmup))
     return _last_json(out, f"mpiexec -n {actors} env_worker.py")

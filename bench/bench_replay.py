@@ -20,18 +20,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pal_hpc.cluster.launch import mpi_env, mpiexec
+
 ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 
 
 def ours(writers: int, kind: str, capacity: int, seconds: float, rate: float = 0.0,
          prefill: float = 1.0) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
-    cmd = [str(MPIEXEC), "-n", str(writers + 1), sys.executable, "-m", "mpi4py",
-           str(ROOT / "bench" / "replay_worker.py"), "--writers", str(writers),
+    env = mpi_env()
+    cmd = mpiexec(writers + 1, ROOT / "bench" / "replay_worker.py", "--writers", str(writers),
            "--kind", kind, "--capacity", str(capacity), "--seconds", str(seconds),
-           "--writer-rate", str(rate), "--prefill", str(prefill)]
+           "--writer-rate", str(rate), "--prefill", str(prefill))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")

@@ -34,8 +34,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pal_hpc.cluster.launch import mpi_env, pal_main
+
 ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 PEER = "sb3-dqn"
 
@@ -45,12 +46,11 @@ def _tail(text: str, n: int = 1500) -> str:
 
 
 def run_ours(np_: int, seed: int, args, run_dir: Path) -> dict:
-    cmd = [str(MPIEXEC), "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "pal_hpc.main",
-           "--env", args.env, "--seed", str(seed), "--total-steps", str(args.total_steps),
+    cmd = pal_main(np_, "--env", args.env, "--seed", str(seed), "--total-steps", str(args.total_steps),
            "--target-return", str(args.target), "--eval-every", str(args.eval_every),
            "--eval-episodes", str(args.eval_episodes), "--run-dir", str(run_dir),
-           "--progress-every", "1000"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+           "--progress-every", "1000")
+    env = mpi_env()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env,
                          cwd=ROOT)
     summary = run_dir / "summary.json"

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
+from pal_hpc.cluster.launch import mpi_env, pal_main
+
 
 
 def run_seed(seed: int, args, run_dir: Path) -> dict:
-    cmd = [str(MPIEXEC), "-n", str(args.np), sys.executable, "-m", "mpi4py", "-m", "pal_hpc.main",
-           "--env", args.env, "--seed", str(seed), "--total-steps", str(args.total_steps),
+    cmd = pal_main(args.np, "--env", args.env, "--seed", str(seed), "--total-steps", str(args.total_steps),
            "--target-return", str(args.target), "--eval-every", str(args.eval_every),
-           "--run-dir", str(run_dir), "--progress-every", "1000", *args.extra]
-    env = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+           "--run-dir", str(run_dir), "--progress-every", "1000", *args.extra)
+    env = mpi_env()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"seed {seed} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")

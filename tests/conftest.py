@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from pal_hpc.cluster.launch import mpiexec, pal_main
+from pal_hpc.cluster.launch import mpi_env as _mpi_env
+
 ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 
 
 def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120,
@@ -18,14 +18,8 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120,
     """Run `script` on `nprocs` ranks under `python -m mpi4py` (an uncaught exception
     on any rank aborts the whole job) with an outer timeout, so a hang fails the test
     instead of hanging CI.  Returns the completed process; raises on timeout."""
-    if not MPIEXEC.exists():
-        raise RuntimeError(f"mpiexec not found next to {sys.executable}; run `make install`")
-    full_env = dict(os.environ)
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    # Ranks may outnumber the two cores here: yield instead of busy-polling.
-    full_env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
-    full_env.update(env or {})
-    cmd = [str(MPIEXEC), "-n", str(nprocs), sys.executable, "-m", "mpi4py", str(script), *args]
+    full_env = _mpi_env(**(env or {}))
+    cmd = mpiexec(nprocs, script, *args)
     try:
         return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True,
                               timeout=timeout)
@@ -47,10 +41,9 @@ FAST_FLAGS = ["--hidden", "32", "32", "--learning-starts", "500", "--replay-capa
 
 def mpi_env(**extra: str) -> dict:
     """The environment MPI jobs run with here (1 thread; yield rather than spin)."""
-    return dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1", **extra)
+    return _mpi_env(**extra)
 
 
 def pal_cmd(nprocs: int, run_dir, *flags: str, fast: bool = True) -> list[str]:
     """`mpiexec -n N python -m mpi4py -m pal_hpc.main [FAST_FLAGS] --run-dir DIR flags`."""
-    return [str(MPIEXEC), "-n", str(nprocs), sys.executable, "-m", "mpi4py", "-m",
-            "pal_hpc.main", *(FAST_FLAGS if fast else []), "--run-dir", str(run_dir), *flags]
+    return pal_main(nprocs, *(FAST_FLAGS if fast else []), "--run-dir", str(run_dir), *flags)

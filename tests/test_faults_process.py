@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import MPIEXEC, ROOT, mpi_env, pal_cmd
+from conftest import ROOT, mpi_env, mpiexec, pal_cmd
 from pal_hpc.runtime import lifeline
 
 pytestmark = pytest.mark.mpi
@@ -162,7 +162,7 @@ def test_second_sigint_to_a_rank_stops_at_once_in_one_line():
               "print(f'rank{r}={signals.requested or None}', flush=True); MPI.COMM_WORLD.Barrier(); "
               "r == 1 and os.kill(os.getpid(), signal.SIGINT); time.sleep(30)")
     t0 = time.monotonic()
-    proc = run([str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-c", script])
+    proc = run(mpiexec(2, "-c", script))
     assert time.monotonic() - t0 < 20
     assert proc.returncode == 130, proc.stdout + proc.stderr
     assert "rank1=SIGINT" in proc.stdout and "rank0=None" in proc.stdout   # rank 1 alone

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import MPIEXEC, ROOT
+from conftest import ROOT, mpi_env, pal_cmd
 from pal_hpc.io.metrics import read_metrics
 
 pytestmark = pytest.mark.mpi
@@ -17,11 +17,10 @@ pytestmark = pytest.mark.mpi
 
 def test_log_of_a_running_then_killed_run(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [str(MPIEXEC), "-n", "3", sys.executable, "-m", "mpi4py", "-m", "pal_hpc.main",
-           "--total-steps", "10000000", "--hidden", "32", "32", "--learning-starts", "500",
-           "--eval-every", "2000", "--eval-episodes", "2", "--progress-every", "0.5",
-           "--run-dir", str(run_dir)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+    cmd = pal_cmd(3, run_dir, "--total-steps", "10000000", "--eval-every", "2000",
+                  fast=False) + ["--hidden", "32", "32", "--learning-starts", "500",
+                                 "--eval-episodes", "2", "--progress-every", "0.5"]
+    env = mpi_env()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -8,6 +8,7 @@ import pytest
 from pal_hpc.replay import KSumTree
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fanout", [16, 2])
 def test_total_after_ten_million_updates(fanout):
     cap = 2**20

@@ -2,31 +2,20 @@
 rank checkpoint and exit 0; --resume continues counters, parameters and replay."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import h5py
 import pytest
 
-from conftest import MPIEXEC, ROOT
+from conftest import ROOT, mpi_env, pal_cmd
 from pal_hpc.io.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.mpi
 
-FLAGS = ["--hidden", "32", "32", "--learning-starts", "500", "--replay-capacity", "20000",
-         "--eval-every", "0", "--eval-episodes", "2", "--progress-every", "0.5"]
-
-
-def main_cmd(nprocs, run_dir, *flags):
-    return [str(MPIEXEC), "-n", str(nprocs), sys.executable, "-m", "mpi4py", "-m",
-            "pal_hpc.main", *FLAGS, "--run-dir", str(run_dir), *flags]
-
-
-def env():
-    return dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+main_cmd = pal_cmd          # FAST_FLAGS, --run-dir, then the test's flags
+env = mpi_env
 
 
 def summary(run_dir):

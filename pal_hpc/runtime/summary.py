@@ -40,6 +40,7 @@ class Summary:
         summary = {
             "algo": cfg.algo, "env": cfg.env, "seed": cfg.seed,
             "env_steps": int(totals[S.ENV_STEPS]), "updates": int(totals[S.UPDATES]),
+            "episodes": int(totals[S.EPISODES]),
             "wall_s": round(wall, 3),
             "best_eval_return": max(means) if means else None,
             "final_eval_return": final_mean,

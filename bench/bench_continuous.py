@@ -1,0 +1,311 @@
+"""Time to solve, continuous control: TD3 and SAC on Pendulum-v1 under `mpiexec -n N`
+(N = 1, 2, 4) beside Stable-Baselines3's TD3 and SAC with rl-baselines3-zoo's
+Pendulum-v1 hyperparameters (bench/peer_sb3_continuous.py, run in .venv-peers when it
+has stable_baselines3), seeds 0..K-1, one run at a time.
+
+Both sides use one protocol: up to --total-steps env steps (40k); every --eval-every
+(2000) env steps a deterministic-policy evaluation, the mean return of --eval-episodes
+(10) episodes on fresh environments seeded as pal_hpc seeds them (seed + 10**6 + env
+steps + i; a final evaluation after the last step, seed + 2 * 10**6, counts too); the
+run stops at the first evaluation whose mean reaches --target (-200).  Wall-clock to
+the target runs from the start of training (after setup) to the end of that
+evaluation, MINUS the time spent evaluating up to it, on both sides (pal_hpc's
+`time_to_target_excl_eval_s`; the peer's field of the same name): SB3's evaluation
+runs inline in its one process, pal_hpc's on an actor rank, so excluding it compares
+training alone.  torch uses one thread per process on both sides.
+
+Hyperparameters.  SB3 gets the zoo's (see bench/peer_sb3_continuous.py).  pal_hpc runs
+its td3/sac defaults, which follow the same entries -- td3: gamma 0.98, batch 256,
+learning_starts 10k, replay 200k, hidden [400, 300], Adam 1e-3 for actor and critic,
+action noise 0.1, 10k random steps, policy delay 2, target noise 0.2 clipped at 0.5,
+tau 0.005; sac: batch 256, learning_starts 100, replay 1e6, hidden [256, 256], gamma
+0.99, tau 0.005, automatic temperature with target entropy -|A|, 100 random steps --
+plus `--lr 1e-3` for sac (pal_hpc's sac default is 3e-4; the zoo's Pendulum entry
+uses 1e-3).  replay_ratio 256 with batch 256 is one gradient step per env step,
+SB3's train_freq 1 / gradient_steps 1, summed over all actors.  What still differs:
+  - replay: pal_hpc samples prioritized (alpha 0.6, beta 0.4 -> 1), SB3 uniformly;
+    n_step is 1 on both sides.
+  - actors: pal_hpc at -n 2 / -n 4 has 1 / 3 actor ranks of 4 environments each
+    (-n 1: one rank that acts and learns); SB3 steps one environment.  TD3's
+    exploration std is spread Ape-X style over actors (actor i of N: 0.1 * (1 + i /
+    (N-1)), so 0.1 to 0.2); with one actor it is 0.1 as in the zoo.  The learner's
+    updates are paced to the replay ratio, not interleaved step by step, so an
+    actor's policy lags the learner by up to --publish-every (10) updates.
+  - evaluation: both on fresh environments seeded alike, but pal_hpc evaluates when
+    its shared step counter passes a multiple of --eval-every (a few steps later at
+    -n > 1), SB3 exactly at the multiple.
+  - the action space: pal_hpc rescales Pendulum's [-2, 2] to [-1, 1] with a
+    gymnasium wrapper; SB3 does the same inside its policy.
+
+Per algorithm and configuration the tables show each seed's time and steps to the
+target, the median over seeds, how many seeds reached it, and SB3's median / ours
+(above 1: pal_hpc is faster, or needed fewer env steps).  A seed that did not reach the
+target (or whose run failed) enters the median as +infinity.  Then the conservative
+ratio, SB3's fastest seed / our median, and the goal check for -n 4: at least 3x
+faster than SB3 by median and by the conservative ratio, with no more than 1.5x SB3's
+median env steps to the target.
+
+    python bench/bench_continuous.py [--seeds 5] [--nps 1,2,4] [--algos td3,sac] [--json OUT]
+    python bench/bench_continuous.py --quick    # smoke run: 1 seed, -n 4, 20k steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+TIME_KEY = "time_to_target_excl_eval_s"
+# Flags that bring pal_hpc's defaults to the zoo's Pendulum-v1 entry (see the docstring).
+OURS_FLAGS = {"td3": [], "sac": ["--lr", "1e-3"]}
+GOAL_SPEEDUP = 3.0      # -n 4 at least this much faster than SB3 ...
+GOAL_STEPS = 1.5        # ... with at most this many times SB3's env steps to the target
+GOAL_NP = 4
+
+
+def _tail(text: str, n: int = 1500) -> str:
+    return text[-n:].strip()
+
+
+def peer_name(algo: str) -> str:
+    return f"sb3-{algo}"
+
+
+def run_ours(algo: str, np_: int, seed: int, args, run_dir: Path) -> dict:
+    cmd = [str(MPIEXEC), "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "pal_hpc.main",
+           "--algo", algo, "--env", args.env, "--seed", str(seed),
+           "--total-steps", str(args.total_steps), "--target-return", str(args.target),
+           "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
+           "--run-dir", str(run_dir), "--progress-every", "1000", *OURS_FLAGS[algo]]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env,
+                         cwd=ROOT)
+    summary = run_dir / "summary.json"
+    if out.returncode != 0 or not summary.exists():
+        raise RuntimeError(f"exit {out.returncode}: {_tail(out.stderr or out.stdout)}")
+    return json.loads(summary.read_text())
+
+
+def peer_available() -> str | None:
+    """SB3's version in .venv-peers, or None when it cannot be used."""
+    if not PEER_PYTHON.exists():
+        return None
+    out = subprocess.run([str(PEER_PYTHON), "-c",
+                          "import stable_baselines3 as s; print(s.__version__)"],
+                         capture_output=True, text=True, timeout=120)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def run_peer(algo: str, seed: int, args) -> dict:
+    cmd = [str(PEER_PYTHON), str(ROOT / "bench" / "peer_sb3_continuous.py"), "--algo", algo,
+           "--seed", str(seed), "--env", args.env, "--total-steps", str(args.total_steps),
+           "--target", str(args.target), "--eval-every", str(args.eval_every),
+           "--eval-episodes", str(args.eval_episodes)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"exit {out.returncode}: {_tail(out.stderr)}")
+    return json.loads(lines[-1])
+
+
+def reached(rec: dict | None, key: str) -> float:
+    """The run's time or steps to the target, +inf when it did not get there."""
+    if not rec or rec.get("steps_to_target") is None or rec.get(key) is None:
+        return math.inf
+    return float(rec[key])
+
+
+def fmt(v: float, spec: str) -> str:
+    return "-" if math.isinf(v) else format(v, spec)
+
+
+def div(a: float, b: float) -> float | None:
+    """a / b, None when either side did not reach the target."""
+    return None if math.isinf(a) or math.isinf(b) else a / b
+
+
+def ratio(peer: float, ours: float) -> str:
+    if math.isinf(peer) and math.isinf(ours):
+        return "-"
+    if math.isinf(peer):
+        return "ours only"    # only pal_hpc's median reached the target
+    if math.isinf(ours):
+        return "SB3 only"
+    return f"{peer / ours:.2f}x"
+
+
+def run_algo(algo: str, configs: list[str], seeds: list[int], args, tmp: Path,
+             errors: list[str]) -> dict[str, dict[int, dict | None]]:
+    """Every (seed, config) run of one algorithm, seeds outermost so that slow drifts
+    of the machine's load spread over all configurations alike."""
+    peer = peer_name(algo)
+    records: dict[str, dict[int, dict | None]] = {c: {} for c in configs}
+    for seed in seeds:
+        for cfg in configs:
+            try:
+                if cfg == peer:
+                    rec = run_peer(algo, seed, args)
+                else:
+                    n = int(cfg.rsplit(" ", 1)[1])
+                    rec = run_ours(algo, n, seed, args, tmp / f"{algo}-np{n}-seed{seed}")
+            except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                msg = f"{algo} {cfg} seed {seed} failed: {exc}"
+                print(f"  ({msg})", file=sys.stderr, flush=True)
+                errors.append(msg)
+                rec = None
+            records[cfg][seed] = rec
+            t, s = reached(rec, TIME_KEY), reached(rec, "steps_to_target")
+            status = "failed" if rec is None else (
+                f"reached at {s:,.0f} steps, {t:.1f} s excl. eval" if not math.isinf(t)
+                else f"not reached (best {rec.get('best_eval_return') or 0:.1f})")
+            wall = f", run {rec['wall_s']:.1f} s" if rec else ""
+            print(f"  {algo} {cfg:<14} seed {seed}: {status}{wall}", flush=True)
+    return records
+
+
+def summarize(records: dict, configs: list[str], seeds: list[int]) -> dict:
+    medians = {}
+    for cfg in configs:
+        times = [reached(records[cfg][s], TIME_KEY) for s in seeds]
+        steps = [reached(records[cfg][s], "steps_to_target") for s in seeds]
+        medians[cfg] = {"time": statistics.median(times), "steps": statistics.median(steps),
+                        "times": times, "steps_list": steps,
+                        "reached": sum(not math.isinf(t) for t in times)}
+    return medians
+
+
+def print_tables(algo: str, medians: dict, configs: list[str], seeds: list[int], args,
+                 has_peer: bool) -> dict | None:
+    """The two tables, the conservative ratio and the goal check; returns the goal
+    check's figures (None without the peer or without -n 4)."""
+    peer = peer_name(algo)
+    for title, key, each, spec in (("wall-clock to target excl. evaluation (s)", "time",
+                                    "times", ".1f"),
+                                   ("env steps to target", "steps", "steps_list", ",.0f")):
+        print(f"\n{algo.upper()} {args.env}, {title}, target {args.target:g}")
+        head = "".join(f"{'seed ' + str(s):>10}" for s in seeds)
+        peer_col = f"{'SB3/ours':>10}" if has_peer else ""
+        print(f"  {'config':<14}{head}{'median':>10}{'reached':>9}{peer_col}")
+        for cfg in configs:
+            m = medians[cfg]
+            row = "".join(f"{fmt(v, spec):>10}" for v in m[each])
+            col = ""
+            if has_peer:
+                col = f"{'':>10}" if cfg == peer else f"{ratio(medians[peer][key], m[key]):>10}"
+            hits = f"{m['reached']}/{len(seeds)}"
+            print(f"  {cfg:<14}{row}{fmt(m[key], spec):>10}{hits:>9}{col}")
+    if not has_peer:
+        return None
+    best = min(medians[peer]["times"])
+    print(f"conservative, SB3's fastest seed ({fmt(best, '.1f')} s) / our median: " + ", ".join(
+        f"{c.replace('pal_hpc ', '')} {ratio(best, medians[c]['time'])}"
+        for c in configs if c != peer))
+    ours = f"pal_hpc -n {GOAL_NP}"
+    if ours not in medians:
+        return None
+    m, p = medians[ours], medians[peer]
+    speed, conservative = div(p["time"], m["time"]), div(best, m["time"])
+    steps = div(m["steps"], p["steps"])     # ours / SB3's: the goal bounds it from above
+    met = (speed is not None and conservative is not None and steps is not None
+           and speed >= GOAL_SPEEDUP and conservative >= GOAL_SPEEDUP and steps <= GOAL_STEPS)
+    show = lambda v, s: "n/a" if v is None else format(v, s)  # noqa: E731
+    print(f"goal, -n {GOAL_NP} vs SB3 {algo.upper()}: >= {GOAL_SPEEDUP:g}x faster (median "
+          f"{show(speed, '.2f')}x, conservative {show(conservative, '.2f')}x) with env steps "
+          f"<= {GOAL_STEPS:g}x SB3's (ours/SB3 {show(steps, '.2f')}x): "
+          f"{'MET' if met else 'NOT MET'}")
+    return {"speedup_median": speed, "speedup_conservative": conservative,
+            "steps_ours_over_sb3": steps, "met": met}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=5,
+                    help="run seeds 0..K-1 (5: a median of 3 is one lucky or unlucky seed "
+                         "away from a different answer)")
+    ap.add_argument("--nps", default="1,2,4", help="comma-separated mpiexec -n values")
+    ap.add_argument("--algos", default="td3,sac", help="comma-separated: td3, sac")
+    ap.add_argument("--env", default="Pendulum-v1")
+    ap.add_argument("--total-steps", type=int, default=40_000)
+    ap.add_argument("--target", type=float, default=-200.0)
+    ap.add_argument("--eval-every", type=int, default=2_000)
+    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    ap.add_argument("--no-peer", action="store_true", help="skip Stable-Baselines3")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1 seed, -n 4 only, 20000 steps")
+    ap.add_argument("--json", type=Path, help="also write every run's record to this file "
+                                              "(rewritten after each algorithm)")
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.nps, args.total_steps = 1, "4", 20_000
+    nps = [int(x) for x in args.nps.split(",") if x.strip()]
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    if args.seeds < 1 or not nps or min(nps) < 1:
+        ap.error("--seeds and every --nps value must be >= 1")
+    if not algos or any(a not in OURS_FLAGS for a in algos):
+        ap.error(f"--algos: choose from {', '.join(OURS_FLAGS)}")
+    seeds = list(range(args.seeds))
+    sb3 = None if args.no_peer else peer_available()
+
+    print(f"{'/'.join(a.upper() for a in algos)} {args.env}: time to a greedy mean return "
+          f"of {args.target:g} excluding evaluation time (eval every {args.eval_every:,} "
+          f"steps, {args.eval_episodes} episodes), at most {args.total_steps:,} env steps, "
+          f"seeds {seeds}; {os.cpu_count()} cores, one run at a time", flush=True)
+    if sb3:
+        print(f"peer: Stable-Baselines3 {sb3} TD3/SAC, rl-baselines3-zoo Pendulum-v1 "
+              f"hyperparameters (bench/peer_sb3_continuous.py)", flush=True)
+    elif not args.no_peer:
+        print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
+              f"stable_baselines3; install it with `make bench-peers`", flush=True)
+
+    out = {"env": args.env, "target": args.target, "total_steps": args.total_steps,
+           "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,
+           "time_key": TIME_KEY, "seeds": seeds, "nps": nps, "cores": os.cpu_count(),
+           "sb3_version": sb3, "algos": {}, "errors": []}
+    errors: list[str] = out["errors"]
+    enc = lambda v: None if math.isinf(v) else v  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="bench_continuous-") as tmp:
+        for algo in algos:
+            configs = [f"pal_hpc -n {n}" for n in nps] + ([peer_name(algo)] if sb3 else [])
+            records = run_algo(algo, configs, seeds, args, Path(tmp), errors)
+            medians = summarize(records, configs, seeds)
+            goal = print_tables(algo, medians, configs, seeds, args, bool(sb3))
+            peer = peer_name(algo)
+            out["algos"][algo] = {
+                "ours_flags": OURS_FLAGS[algo],
+                "runs": {c: {str(s): records[c][s] for s in seeds} for c in configs},
+                "medians": {c: {TIME_KEY: enc(medians[c]["time"]),
+                                "steps_to_target": enc(medians[c]["steps"]),
+                                "reached": medians[c]["reached"], "of": len(seeds)}
+                            for c in configs},
+                "ratios_sb3_over_ours": ({c: {k: div(medians[peer][k], medians[c][k])
+                                              for k in ("time", "steps")}
+                                          for c in configs if c != peer} if sb3 else None),
+                "sb3_fastest_over_our_median": ({c: div(min(medians[peer]["times"]),
+                                                        medians[c]["time"])
+                                                 for c in configs if c != peer}
+                                                if sb3 else None),
+                "goal": goal}
+            if args.json:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(out, indent=1))
+    print("\nnot reached ('-') counts as +inf in the median; SB3/ours > 1: pal_hpc is faster "
+          "(or used fewer env steps); 'ours only' / 'SB3 only': only that side's median "
+          "reached the target")
+    if errors:
+        print(f"{len(errors)} run(s) failed (see stderr); they count as not reached")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
