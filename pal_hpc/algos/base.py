@@ -31,7 +31,9 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
+import torch
 
+from pal_hpc.algos.nets import FlatParams
 from pal_hpc.config import ConfigError
 
 
@@ -76,6 +78,31 @@ class Policy(ABC):
         runtime's environments take).  `global_steps` (env steps of the whole job)
         drives exploration schedules; `deterministic` is the evaluation policy
         (greedy, or the mean action)."""
+
+
+class NetworkPolicy(Policy):
+    """A Policy over one CPU network whose parameters are views of one flat vector, so
+    `set_flat_params` is a single copy of what the learners published."""
+
+    def __init__(self, net: torch.nn.Module):
+        self.net = net
+        self._flat = FlatParams([net], torch.device("cpu")).flat
+
+    @property
+    def num_params(self) -> int:
+        return self._flat.numel()
+
+    @torch.no_grad()
+    def set_flat_params(self, flat: np.ndarray) -> None:
+        flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32))
+        if flat_t.numel() != self.num_params:
+            raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
+        self._flat.copy_(flat_t)        # a copy: never alias the caller's memory
+
+    @staticmethod
+    def uniform(rng: np.random.Generator, b: int, act_dim: int) -> np.ndarray:
+        """b uniform random actions in [-1, 1] (continuous exploration before learning)."""
+        return rng.uniform(-1.0, 1.0, size=(b, act_dim)).astype(np.float32)
 
 
 class Algorithm(ABC):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pal_hpc.algos.base import AlgoConfig, Algorithm, Policy
+from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
 from pal_hpc.algos.nets import MLP, FlatParams, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.config import option as _f
@@ -110,24 +110,13 @@ class Critic(nn.Module):
         return self.mlp(torch.cat([obs.reshape(b, -1), action.reshape(b, -1)], dim=1)).squeeze(1)
 
 
-class DDPGPolicy(Policy):
+class DDPGPolicy(NetworkPolicy):
     """An actor's copy of the deterministic policy, with this actor's exploration."""
 
     def __init__(self, actor: Actor, act_dim: int, sigma: float, random_steps: int):
         self.actor, self.act_dim = actor, act_dim
         self.sigma, self.random_steps = sigma, random_steps
-        self._flat = FlatParams([actor], torch.device("cpu")).flat
-
-    @property
-    def num_params(self) -> int:
-        return self._flat.numel()
-
-    @torch.no_grad()
-    def set_flat_params(self, flat: np.ndarray) -> None:
-        flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32))
-        if flat_t.numel() != self.num_params:
-            raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
-        self._flat.copy_(flat_t)
+        super().__init__(actor)
 
     @torch.no_grad()
     def act(self, obs, rng, global_steps, deterministic=False):
@@ -135,7 +124,7 @@ class DDPGPolicy(Policy):
         `random_steps` global steps, then mean + N(0, sigma) clipped to [-1, 1]."""
         b = len(obs)
         if not deterministic and global_steps < self.random_steps:
-            return rng.uniform(-1.0, 1.0, size=(b, self.act_dim)).astype(np.float32)
+            return self.uniform(rng, b, self.act_dim)
         mean = self.actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
         if deterministic or self.sigma == 0:
             return mean.astype(np.float32, copy=False)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pal_hpc.algos.base import AlgoConfig, Algorithm, Policy
+from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
 from pal_hpc.algos.nets import FlatParams, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.config import option as _f
@@ -121,25 +121,14 @@ def epsilon_greedy(q_net: QNetwork, obs: torch.Tensor, epsilons, n_actions: int,
     return actions
 
 
-class DQNPolicy(Policy):
+class DQNPolicy(NetworkPolicy):
     """An actor's Q-network copy, acting epsilon-greedy with this actor's epsilon."""
 
     def __init__(self, q_net: QNetwork, cfg: DQNConfig, n_actions: int, actor_index: int,
                  n_actors: int):
         self.q_net, self.cfg, self.n_actions = q_net, cfg, n_actions
         self.actor_index, self.n_actors = actor_index, n_actors
-        self._flat = FlatParams([q_net], torch.device("cpu")).flat
-
-    @property
-    def num_params(self) -> int:
-        return self._flat.numel()
-
-    @torch.no_grad()
-    def set_flat_params(self, flat: np.ndarray) -> None:
-        flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32))
-        if flat_t.numel() != self.num_params:
-            raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
-        self._flat.copy_(flat_t)
+        super().__init__(q_net)
 
     def act(self, obs, rng, global_steps, deterministic=False):
         eps = 0.0 if deterministic else actor_epsilon(self.cfg, self.actor_index,

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pal_hpc.algos.base import AlgoConfig, Algorithm, Policy
+from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
 from pal_hpc.algos.nets import MLP, FlatParams, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.config import option as _f
@@ -118,31 +118,20 @@ class Temperature(nn.Module):
 
 # ---- acting ---------------------------------------------------------------------------------
 
-class SACPolicy(Policy):
+class SACPolicy(NetworkPolicy):
     """An actor's copy of the policy network: uniform random actions while
     global_steps < random_steps, then samples (noise from the actor's numpy rng);
     tanh(mean) when deterministic."""
 
     def __init__(self, actor: GaussianActor, random_steps: int):
         self.actor, self.random_steps = actor, random_steps
-        self._flat = FlatParams([actor], torch.device("cpu")).flat
-
-    @property
-    def num_params(self) -> int:
-        return self._flat.numel()
-
-    @torch.no_grad()
-    def set_flat_params(self, flat: np.ndarray) -> None:
-        flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32))
-        if flat_t.numel() != self.num_params:
-            raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
-        self._flat.copy_(flat_t)
+        super().__init__(actor)
 
     @torch.no_grad()
     def act(self, obs, rng, global_steps, deterministic=False):
         b, act_dim = len(obs), self.actor.act_dim
         if not deterministic and global_steps < self.random_steps:
-            return rng.uniform(-1.0, 1.0, size=(b, act_dim)).astype(np.float32)
+            return self.uniform(rng, b, act_dim)
         mean, log_std = self.actor(torch.as_tensor(obs, dtype=torch.float32))
         if deterministic:
             return torch.tanh(mean).numpy()
