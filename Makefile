@@ -50,6 +50,7 @@ bench: install
 	$(PY) bench/bench_replay.py $(ARGS)
 	$(PY) bench/bench_envs.py $(ARGS)
 	$(PY) bench/bench_train.py $(ARGS)
+	$(PY) bench/bench_continuous.py $(ARGS)
 
 bench-peers:
 	bash bench/install_peers.sh
