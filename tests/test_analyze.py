@@ -47,7 +47,7 @@ def write_run(run_dir, ranks, roles, eval_returns, steps_per_s, system, summary=
     ls = np.array(learner_steps if learner_steps is not None else steps)
     lrn = np.zeros(len(ls), LEARNER)
     lrn["env_step"], lrn["wall_s"], lrn["update"] = ls, ls / steps_per_s, ls // 8
-    lrn["loss"], lrn["lr"] = np.linspace(1.0, 0.1, len(ls)), 1e-3
+    lrn["loss"], lrn["grad_norm"] = np.linspace(1.0, 0.1, len(ls)), 1.0
     log.append("learner", lrn)
     sysrows = np.zeros(len(system), SYSTEM)
     for i, (t, rank, env_s, upd_s, fill) in enumerate(system):
