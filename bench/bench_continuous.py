@@ -61,9 +61,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
-PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+from pal_hpc.cluster.launch import mpi_env, pal_main
+from to_target import (PEER_PYTHON, ROOT, fmt, peer_available, ratio, reached,
+                       run_peer_script, tail)
+
 TIME_KEY = "time_to_target_excl_eval_s"
 # Flags that bring pal_hpc's defaults to the zoo's Pendulum-v1 entry (see the docstring).
 OURS_FLAGS = {"td3": [], "sac": ["--lr", "1e-3"]}
@@ -72,76 +73,34 @@ GOAL_STEPS = 1.5        # ... with at most this many times SB3's env steps to th
 GOAL_NP = 4
 
 
-def _tail(text: str, n: int = 1500) -> str:
-    return text[-n:].strip()
-
-
 def peer_name(algo: str) -> str:
     return f"sb3-{algo}"
 
 
 def run_ours(algo: str, np_: int, seed: int, args, run_dir: Path) -> dict:
-    cmd = [str(MPIEXEC), "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "pal_hpc.main",
-           "--algo", algo, "--env", args.env, "--seed", str(seed),
+    cmd = pal_main(np_, "--algo", algo, "--env", args.env, "--seed", str(seed),
            "--total-steps", str(args.total_steps), "--target-return", str(args.target),
            "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
-           "--run-dir", str(run_dir), "--progress-every", "1000", *OURS_FLAGS[algo]]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env,
+           "--run-dir", str(run_dir), "--progress-every", "1000", *OURS_FLAGS[algo])
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=mpi_env(),
                          cwd=ROOT)
     summary = run_dir / "summary.json"
     if out.returncode != 0 or not summary.exists():
-        raise RuntimeError(f"exit {out.returncode}: {_tail(out.stderr or out.stdout)}")
+        raise RuntimeError(f"exit {out.returncode}: {tail(out.stderr or out.stdout)}")
     return json.loads(summary.read_text())
 
 
-def peer_available() -> str | None:
-    """SB3's version in .venv-peers, or None when it cannot be used."""
-    if not PEER_PYTHON.exists():
-        return None
-    out = subprocess.run([str(PEER_PYTHON), "-c",
-                          "import stable_baselines3 as s; print(s.__version__)"],
-                         capture_output=True, text=True, timeout=120)
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def run_peer(algo: str, seed: int, args) -> dict:
-    cmd = [str(PEER_PYTHON), str(ROOT / "bench" / "peer_sb3_continuous.py"), "--algo", algo,
-           "--seed", str(seed), "--env", args.env, "--total-steps", str(args.total_steps),
-           "--target", str(args.target), "--eval-every", str(args.eval_every),
-           "--eval-episodes", str(args.eval_episodes)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
-    lines = out.stdout.strip().splitlines()
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"exit {out.returncode}: {_tail(out.stderr)}")
-    return json.loads(lines[-1])
-
-
-def reached(rec: dict | None, key: str) -> float:
-    """The run's time or steps to the target, +inf when it did not get there."""
-    if not rec or rec.get("steps_to_target") is None or rec.get(key) is None:
-        return math.inf
-    return float(rec[key])
-
-
-def fmt(v: float, spec: str) -> str:
-    return "-" if math.isinf(v) else format(v, spec)
+    return run_peer_script("peer_sb3_continuous.py", [
+        "--algo", algo, "--seed", str(seed), "--env", args.env,
+        "--total-steps", str(args.total_steps), "--target", str(args.target),
+        "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes)],
+        args.timeout)
 
 
 def div(a: float, b: float) -> float | None:
     """a / b, None when either side did not reach the target."""
     return None if math.isinf(a) or math.isinf(b) else a / b
-
-
-def ratio(peer: float, ours: float) -> str:
-    if math.isinf(peer) and math.isinf(ours):
-        return "-"
-    if math.isinf(peer):
-        return "ours only"    # only pal_hpc's median reached the target
-    if math.isinf(ours):
-        return "SB3 only"
-    return f"{peer / ours:.2f}x"
 
 
 def run_algo(algo: str, configs: list[str], seeds: list[int], args, tmp: Path,

@@ -35,14 +35,12 @@ import tempfile
 from pathlib import Path
 
 from pal_hpc.cluster.launch import mpi_env, pal_main
+from to_target import fmt, peer_available, ratio, reached, run_peer_script, tail
 
 ROOT = Path(__file__).resolve().parent.parent
-PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 PEER = "sb3-dqn"
 
 
-def _tail(text: str, n: int = 1500) -> str:
-    return text[-n:].strip()
 
 
 def run_ours(np_: int, seed: int, args, run_dir: Path) -> dict:
@@ -55,51 +53,23 @@ def run_ours(np_: int, seed: int, args, run_dir: Path) -> dict:
                          cwd=ROOT)
     summary = run_dir / "summary.json"
     if out.returncode != 0 or not summary.exists():
-        raise RuntimeError(f"exit {out.returncode}: {_tail(out.stderr or out.stdout)}")
+        raise RuntimeError(f"exit {out.returncode}: {tail(out.stderr or out.stdout)}")
     return json.loads(summary.read_text())
 
 
-def peer_available() -> str | None:
-    """SB3's version in .venv-peers, or None when it cannot be used."""
-    if not PEER_PYTHON.exists():
-        return None
-    out = subprocess.run([str(PEER_PYTHON), "-c",
-                          "import stable_baselines3 as s; print(s.__version__)"],
-                         capture_output=True, text=True, timeout=120)
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def run_peer(seed: int, args) -> dict:
-    cmd = [str(PEER_PYTHON), str(ROOT / "bench" / "peer_sb3.py"), "--seed", str(seed),
-           "--env", args.env, "--total-steps", str(args.total_steps), "--target", str(args.target),
-           "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
-    lines = out.stdout.strip().splitlines()
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"exit {out.returncode}: {_tail(out.stderr)}")
-    return json.loads(lines[-1])
+    return run_peer_script("peer_sb3.py", [
+        "--seed", str(seed), "--env", args.env, "--total-steps", str(args.total_steps),
+        "--target", str(args.target), "--eval-every", str(args.eval_every),
+        "--eval-episodes", str(args.eval_episodes)], args.timeout)
 
 
-def reached(rec: dict | None, key: str) -> float:
-    """The run's time or steps to the target, +inf when it did not get there."""
-    if not rec or rec.get("steps_to_target") is None or rec.get(key) is None:
-        return math.inf
-    return float(rec[key])
 
 
-def fmt(v: float, spec: str) -> str:
-    return "-" if math.isinf(v) else format(v, spec)
 
 
-def ratio(peer: float, ours: float) -> str:
-    if math.isinf(peer) and math.isinf(ours):
-        return "-"
-    if math.isinf(peer):
-        return "ours only"    # only pal_hpc's median reached the target
-    if math.isinf(ours):
-        return "SB3 only"
-    return f"{peer / ours:.2f}x"
 
 
 def main() -> int:
