@@ -11,6 +11,7 @@ import torch
 
 from pal_hpc.algos.ddpg import DDPG, DDPGConfig, actor_sigma
 from pal_hpc.algos.td3 import TD3
+from algo_checks import mlp_np, update
 from pal_hpc.config import ConfigError
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -31,24 +32,6 @@ def make_batch(rng: np.random.Generator, b: int, obs_dim: int = 3, act_dim: int 
 
 def small(cls=DDPG, seed=0, **kw):
     return cls(OBS, ACT, cls.Config(hidden=[8, 8], **kw), seed=seed)
-
-
-def update(algo, u: int, batch: dict) -> None:
-    """One full update on one learner (no Allreduce)."""
-    for phase in algo.phases(u):
-        out = np.zeros(algo.phase_size(phase), np.float32)
-        algo.compute_gradients(phase, batch, out)
-        algo.apply_gradients(phase, out)
-
-
-def mlp_np(mlp, x: np.ndarray) -> np.ndarray:
-    """A nets.MLP evaluated in float64 numpy."""
-    layers = list(mlp.layers)
-    for i, layer in enumerate(layers):
-        x = x @ layer.weight.detach().double().numpy().T + layer.bias.detach().double().numpy()
-        if i < len(layers) - 1:
-            x = np.maximum(x, 0.0)
-    return x
 
 
 # ---- shapes, acting, exploration ---------------------------------------------------------

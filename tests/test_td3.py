@@ -14,6 +14,7 @@ import torch
 from gymnasium.wrappers import RescaleAction
 
 from pal_hpc.algos.td3 import TD3, TD3Config, smooth_target_action
+from algo_checks import mlp_np, update
 from pal_hpc.config import ConfigError
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -34,24 +35,6 @@ def make_batch(rng: np.random.Generator, b: int, obs_dim: int = 3, act_dim: int 
 
 def small(seed=0, **kw) -> TD3:
     return TD3(OBS, ACT, TD3Config(hidden=[8, 8], **kw), seed=seed)
-
-
-def update(algo, u: int, batch: dict) -> None:
-    """One full update on one learner (no Allreduce)."""
-    for phase in algo.phases(u):
-        out = np.zeros(algo.phase_size(phase), np.float32)
-        algo.compute_gradients(phase, batch, out)
-        algo.apply_gradients(phase, out)
-
-
-def mlp_np(mlp, x: np.ndarray) -> np.ndarray:
-    """A nets.MLP evaluated in float64 numpy."""
-    layers = list(mlp.layers)
-    for i, layer in enumerate(layers):
-        x = x @ layer.weight.detach().double().numpy().T + layer.bias.detach().double().numpy()
-        if i < len(layers) - 1:
-            x = np.maximum(x, 0.0)
-    return x
 
 
 def test_phases_schedule_is_a_function_of_the_update_number():
