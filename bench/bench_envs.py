@@ -14,7 +14,7 @@ ranks beside gymnasium's AsyncVectorEnv, for A = 1..4 actor ranks.
   Both AsyncVectorEnv rows: shared_memory=True (the default), autoreset_mode SAME_STEP
   (an episode's reset happens inside the step that ended it, as pal_hpc's actor does,
   so every counted step is a real env.step), actions from envs.action_space.sample(),
-  env built by pal_hpc.runtime.envs.make_env (the same wrappers as ours), stepped from
+  env built by pal_hpc.envs.make_env (the same wrappers as ours), stepped from
   one parent process (which is extra: A + 1 busy processes).  Each one runs in a
   subprocess of this script (main venv; gymnasium is there).
 
@@ -76,7 +76,7 @@ def peer_run(num_envs: int, env_id: str, seconds: float, warmup: float) -> dict:
     import gymnasium as gym
 
     sys.path.insert(0, str(ROOT))
-    from pal_hpc.runtime.envs import make_env
+    from pal_hpc.envs import make_env
 
     fns = [functools.partial(make_env, env_id, 1_000 + i) for i in range(num_envs)]
     envs = gym.vector.AsyncVectorEnv(fns, shared_memory=True,

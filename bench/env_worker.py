@@ -32,7 +32,7 @@ from pal_hpc.cluster import node_comm
 from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime.actor import Actor
-from pal_hpc.runtime.envs import action_info, make_env, obs_info
+from pal_hpc.envs import action_info, make_env, obs_info
 from pal_hpc.runtime.nstep import transition_spec
 
 

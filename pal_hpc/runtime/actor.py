@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from pal_hpc.runtime.envs import make_env
+from pal_hpc.envs import make_env
 from pal_hpc.runtime.nstep import NStep
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pal_hpc.runtime.envs import make_env
+from pal_hpc.envs import make_env
 
 # Seeds of evaluation environments: cfg.seed + these, clear of the actors' seeds.
 PERIODIC_SEED = 10**6      # + the env step of the evaluation

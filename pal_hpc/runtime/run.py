@@ -38,7 +38,7 @@ from pal_hpc.runtime.abort import JobError
 from pal_hpc.runtime.actor import Actor
 from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
-from pal_hpc.runtime.envs import action_info, make_env, obs_info
+from pal_hpc.envs import action_info, make_env, obs_info
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
 from pal_hpc.runtime.learner import METRICS_EVERY, Learner
 from pal_hpc.runtime.nstep import transition_spec
