@@ -13,13 +13,14 @@ DEPS_STAMP  := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
 NATIVE_SRC  := $(wildcard cython/*.pyx cython/*.pxd cython/*.h) setup.py pyproject.toml
 
-.PHONY: install run test test-fast bench bench-peers clean help
+.PHONY: install run test test-fast test-slurm bench bench-peers clean help
 
 help:
 	@echo "make install      create .venv with the pinned stack and build the native core"
 	@echo "make run          train with mpiexec -n \$$(NP) (default 4); extra flags: ARGS='...'"
 	@echo "make test         the whole test suite, MPI tests included"
 	@echo "make test-fast    the suite without tests marked slow"
+	@echo "make test-slurm   jobs/*.sbatch under a throw-away SLURM (root; installs it if needed)"
 	@echo "make bench        benchmarks, side by side with peers, with ratios"
 	@echo "make bench-peers  install peer libraries (cpprb, torchrl, tianshou) into .venv-peers"
 	@echo "make clean        remove build outputs (keeps .venv)"
@@ -45,6 +46,9 @@ test: install
 test-fast: install
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra -m "not slow" tests
 
+test-slurm: install
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra tests/test_slurm.py
+
 bench: install
 	$(PY) bench/bench_tree.py $(ARGS)
 	$(PY) bench/bench_replay.py $(ARGS)
@@ -56,5 +60,5 @@ bench-peers:
 	bash bench/install_peers.sh
 
 clean:
-	rm -rf build *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so .pytest_cache $(BUILD_STAMP)
+	rm -rf build *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so pal_hpc/envs/*.so .pytest_cache $(BUILD_STAMP)
 	find . -name __pycache__ -not -path "./.venv*" -prune -exec rm -rf {} +

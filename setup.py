@@ -1,5 +1,6 @@
 """Build pal_hpc and its native core (cython/ -> pal_hpc.replay._ksumtree, _replaycore,
-pal_hpc.cluster._seqlock).
+pal_hpc.cluster._seqlock,
+pal_hpc.envs._lockstep).
 
 Compiler flags are portable by default (safe on any x86-64 CI runner);
 set PAL_NATIVE_ARCH=1 to add -march=native for a build that only runs here.
@@ -43,6 +44,14 @@ extensions = [
         sources=["cython/seqlock.pyx"],
         include_dirs=["cython"],
         depends=["cython/ksum_core.h", "cython/sync_core.h"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+    ),
+    Extension(
+        "pal_hpc.envs._lockstep",
+        sources=["cython/lockstep.pyx"],
+        include_dirs=["cython"],
+        depends=["cython/lockstep_core.h"],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
     ),

@@ -1,5 +1,5 @@
 """Environments: `make_env` (gymnasium ids, Atari preprocessing) and the lockstep vector env."""
 
-from pal_hpc.envs.make import action_info, make_env, obs_info
+from pal_hpc.envs.make import action_info, is_atari, make_env, obs_info
 
-__all__ = ["make_env", "action_info", "obs_info"]
+__all__ = ["make_env", "action_info", "obs_info", "is_atari"]

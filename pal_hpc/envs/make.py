@@ -1,4 +1,4 @@
-"""Building gymnasium environments by id (Atari ids included when ale-py is present)."""
+"""Building gymnasium environments by id, Atari ids with the standard preprocessing."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ from pal_hpc.config import ConfigError
 
 _registered_ale = False
 
+# ale-py's environment class: the ids whose spec names it are Atari games.
+ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
 
-def make_env(env_id: str, seed: int) -> gym.Env:
-    """A seeded environment; raises ConfigError (a ValueError) naming the id if it is
-    unknown or unsupported, so the job rejects it like any bad flag.  A Box action
-    space is rescaled to [-1, 1]: every algorithm acts in that range.  Whether the
-    spaces suit the algorithm is the algorithm's `check_env`."""
+# The standard Atari preprocessing (Mnih et al. 2015; Machado et al. 2018): make_env's
+# defaults for the Atari keywords.
+ATARI_DEFAULTS = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "frame_stack": 4,
+                  "terminal_on_life_loss": False}
+
+
+def _register_ale() -> None:
     global _registered_ale
     if not _registered_ale:
         try:
@@ -23,8 +27,50 @@ def make_env(env_id: str, seed: int) -> gym.Env:
         except ImportError:
             pass
         _registered_ale = True
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether `env_id` is an ale-py game with image observations (ALE/<Game>-v5, and
+    the older <Game>-v4 / <Game>NoFrameskip-v4 ids); False for unknown ids."""
+    _register_ale()
     try:
-        env = gym.make(env_id)
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return False
+    return _is_atari_spec(spec)
+
+
+def _is_atari_spec(spec: gym.envs.registration.EnvSpec) -> bool:
+    return (spec.entry_point == ALE_ENTRY_POINT
+            and spec.kwargs.get("obs_type", "rgb") != "ram")
+
+
+def make_env(env_id: str, seed: int, *, atari_preprocessing: bool = True,
+             noop_max: int = 30, frame_skip: int = 4, screen_size: int = 84,
+             frame_stack: int = 4, terminal_on_life_loss: bool = False) -> gym.Env:
+    """A seeded environment; raises ConfigError (a ValueError) naming the id if it is
+    unknown or unsupported, so the job rejects it like any bad flag.
+
+    Atari ids (`is_atari`) get `atari_env`'s preprocessing with the Atari keywords,
+    unless `atari_preprocessing` is False; other ids refuse those keywords when not
+    at their defaults.  A Box action space is rescaled to [-1, 1]: every algorithm
+    acts in that range.  Whether the spaces suit the algorithm is its `check_env`."""
+    _register_ale()
+    options = {"noop_max": noop_max, "frame_skip": frame_skip, "screen_size": screen_size,
+               "frame_stack": frame_stack, "terminal_on_life_loss": terminal_on_life_loss}
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise ConfigError(f"env: cannot make {env_id!r}: {exc}") from None
+    atari = _is_atari_spec(spec)
+    if not atari:
+        changed = [k for k, v in options.items() if v != ATARI_DEFAULTS[k]]
+        if changed:
+            raise ConfigError(f"{', '.join(changed)}: only for Atari (ALE/...) ids; "
+                              f"{env_id!r} is not one")
+    try:
+        env = (atari_env(env_id, **options) if atari and atari_preprocessing
+               else gym.make(env_id))
     except gym.error.Error as exc:
         raise ConfigError(f"env: cannot make {env_id!r}: {exc}") from None
     if isinstance(env.action_space, gym.spaces.Box):
@@ -39,6 +85,41 @@ def make_env(env_id: str, seed: int) -> gym.Env:
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
+
+
+def atari_env(env_id: str, noop_max: int = 30, frame_skip: int = 4, screen_size: int = 84,
+              frame_stack: int = 4, terminal_on_life_loss: bool = False) -> gym.Env:
+    """An Atari game with the standard preprocessing, by gymnasium's own wrappers.
+
+    The game is made with frameskip=1, which `AtariPreprocessing` requires; v5's other
+    defaults stay (sticky actions with probability 0.25 per emulator frame among them).
+    `AtariPreprocessing` repeats each action `frame_skip` times and max-pools the last
+    two frames, starts each episode with 1..`noop_max` no-ops, resizes to
+    `screen_size` squared grayscale and, with `terminal_on_life_loss`, ends the episode
+    when a life is lost (the next reset starts a new game).  `FrameStackObservation`
+    stacks `frame_stack` frames, oldest first: Box(0, 255, (4, 84, 84), uint8) by
+    default.  Frames stay uint8 (networks scale them); rewards are not clipped (the
+    algorithm's choice)."""
+    _check_atari_options({"noop_max": noop_max, "frame_skip": frame_skip,
+                          "screen_size": screen_size, "frame_stack": frame_stack,
+                          "terminal_on_life_loss": terminal_on_life_loss})
+    env = gym.make(env_id, frameskip=1)
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=noop_max, frame_skip=frame_skip, screen_size=screen_size,
+        terminal_on_life_loss=terminal_on_life_loss, grayscale_obs=True, scale_obs=False)
+    return gym.wrappers.FrameStackObservation(env, frame_stack)
+
+
+def _check_atari_options(options: dict) -> None:
+    """Integers in range, with the keyword's name in the error."""
+    lows = {"noop_max": 0, "frame_skip": 1, "screen_size": 1, "frame_stack": 1}
+    for name, low in lows.items():
+        value = options[name]
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"{name}: must be an integer >= {low}, got {value!r}")
+    if not isinstance(options["terminal_on_life_loss"], bool):
+        raise ConfigError(f"terminal_on_life_loss: must be true or false, got "
+                          f"{options['terminal_on_life_loss']!r}")
 
 
 def action_info(env: gym.Env) -> tuple[tuple, np.dtype]:
