@@ -50,7 +50,11 @@ class Config:
 
     # What to run.
     algo: str = _f("dqn", "algorithm to train (each one's own flags are listed below)")
-    env: str = _f("CartPole-v1", "gymnasium environment id (ALE/... ids need ale_py)")
+    env: str = _f("CartPole-v1", "gymnasium environment id; Atari ids (ALE/Pong-v5) are "
+                                 "preprocessed: frameskip 4, 4 stacked 84x84 uint8 frames")
+    atari_terminal_on_life_loss: bool = _f(False, "Atari ids: a lost life ends the actors' "
+                                                  "episode (the reset after it starts a new "
+                                                  "game); evaluations play whole games")
     total_steps: int = _f(100_000, "environment steps to run, summed over all actors")
     wall_time: float = _f(0.0, "stop after this many seconds (0 = no limit)")
     seed: int = _f(0, f"base random seed in [0, {MAX_SEED}]; each rank derives its own "
@@ -143,6 +147,8 @@ class Config:
         _check_env(self.env)
 
         req = lambda name, ok, what: _require(self, name, ok, what)  # noqa: E731
+        req("atari_terminal_on_life_loss", not self.atari_terminal_on_life_loss
+            or _is_atari(self.env), f"applies to Atari (ALE/...) ids only, not {self.env!r}")
         # inf passes "> 0" and then breaks the run (an inf learning rate, a rate limiter
         # that never releases the actors): every float must be finite.
         for name, tp in _field_types().items():
@@ -222,6 +228,12 @@ def _check_env(env_id: str) -> None:
     except Exception as exc:  # gymnasium raises several error types for unknown ids
         raise ConfigError(f"env: {env_id!r} is not a registered gymnasium environment "
                           f"({exc})") from None
+
+
+def _is_atari(env_id: str) -> bool:
+    from pal_hpc.envs.make import is_atari   # envs imports this module (ConfigError)
+
+    return is_atari(env_id)
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ No MPI, no replay, no environment loop live here.  A learner calls
 
 and writes `priorities` back to its replay.  Actors run a `DQNPolicy`: epsilon-greedy,
 each actor decaying to its own final epsilon (Ape-X spread).
+
+Vector observations go through an MLP (`hidden`); image observations (uint8 frames,
+e.g. Atari) through a CNN torso (`cnn`: Nature or NIPS), kept uint8 up to it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pal_hpc.algos.cnn import KINDS as CNN_KINDS
 from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
-from pal_hpc.algos.nets import FlatParams, obs_dim, seeded
+from pal_hpc.algos.nets import FlatParams, MLPTorso, is_image, seeded, torso
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.config import option as _f
 
@@ -40,6 +44,9 @@ class DQNConfig(AlgoConfig):
     target_update: int = _f(50, "learner steps between target-network syncs")
     hidden: list[int] = _f([256, 256], "hidden layer widths of the network(s)")
     dueling: bool = _f(False, "dueling Q-network head")
+    cnn: str = _f("nature", "torso for image observations (uint8 frames, e.g. Atari) in "
+                            "place of the hidden MLP: nature (Mnih et al. 2015) or nips "
+                            "(Mnih et al. 2013, PAAC's)", choices=tuple(CNN_KINDS))
     double_q: bool = _f(True, "double-Q targets")
     grad_clip: float = _f(10.0, "gradient global-norm clip (0 = no clipping)")
     eps_start: float = _f(1.0, "initial epsilon of epsilon-greedy")
@@ -55,6 +62,8 @@ class DQNConfig(AlgoConfig):
         req("target_update", self.target_update >= 1, "must be >= 1")
         req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
             "must be a non-empty list of positive widths")
+        req("cnn", self.cnn in CNN_KINDS,
+            f"must be one of {', '.join(CNN_KINDS)}")
         req("grad_clip", self.grad_clip >= 0, "must be >= 0")
         for name in ("eps_start", "eps_final"):
             req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
@@ -74,21 +83,23 @@ def actor_epsilon(cfg: DQNConfig, actor_index: int, n_actors: int, global_steps:
 
 
 class QNetwork(nn.Module):
-    """MLP from a flattened float observation to one Q-value per action.
+    """One Q-value per action, from a torso: an MLP of `hidden` widths on a flattened
+    float observation (`obs` is its length, or a vector space), or a CNN torso of kind
+    `cnn` on uint8 frames (`obs` an image space, see `nets.is_image`).
 
-    With `dueling=True` the last hidden layer feeds a value head and an advantage
+    With `dueling=True` the torso's features feed a value head and an advantage
     head, combined as V + A - mean(A) (Wang et al. 2016)."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: Sequence[int] = (256, 256),
-                 dueling: bool = False):
+    def __init__(self, obs: int | gym.Space, n_actions: int,
+                 hidden: Sequence[int] = (256, 256), dueling: bool = False,
+                 cnn: str = "nature"):
         super().__init__()
-        layers: list[nn.Module] = []
-        width = obs_dim
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        self.trunk = nn.Sequential(*layers)
-        self._linears = [m for m in layers if isinstance(m, nn.Linear)]
+        self.trunk = (MLPTorso(obs, hidden) if isinstance(obs, int)
+                      else torso(obs, cnn, hidden))
+        self.image = not isinstance(self.trunk, MLPTorso)
+        self._linears = ([] if self.image else
+                         [m for m in self.trunk if isinstance(m, nn.Linear)])
+        width = self.trunk.out_features
         self.dueling = dueling
         if dueling:
             self.value = nn.Linear(width, 1)
@@ -97,12 +108,16 @@ class QNetwork(nn.Module):
             self.head = nn.Linear(width, n_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Q-values (B, n_actions) for observations (B, *obs_shape)."""
-        z = obs.reshape(obs.shape[0], -1)
-        # The trunk's layers called functionally: nn.Module's call machinery costs
-        # about a tenth of a small network's forward pass.
-        for layer in self._linears:
-            z = torch.relu(F.linear(z, layer.weight, layer.bias))
+        """Q-values (B, n_actions) for observations (B, *obs_shape): float32 vectors,
+        or uint8 frames for a CNN torso."""
+        if self.image:
+            z = self.trunk(obs)
+        else:
+            z = obs.reshape(obs.shape[0], -1)
+            # The trunk's layers called functionally: nn.Module's call machinery costs
+            # about a tenth of a small network's forward pass.
+            for layer in self._linears:
+                z = torch.relu(F.linear(z, layer.weight, layer.bias))
         if not self.dueling:
             return F.linear(z, self.head.weight, self.head.bias)
         adv = self.advantage(z)
@@ -128,12 +143,14 @@ class DQNPolicy(NetworkPolicy):
                  n_actors: int):
         self.q_net, self.cfg, self.n_actions = q_net, cfg, n_actions
         self.actor_index, self.n_actors = actor_index, n_actors
+        # Frames stay uint8 (the CNN torso scales them); vectors become float32.
+        self.obs_dtype = None if q_net.image else torch.float32
         super().__init__(q_net)
 
     def act(self, obs, rng, global_steps, deterministic=False):
         eps = 0.0 if deterministic else actor_epsilon(self.cfg, self.actor_index,
                                                       self.n_actors, global_steps)
-        return epsilon_greedy(self.q_net, torch.as_tensor(obs, dtype=torch.float32), eps,
+        return epsilon_greedy(self.q_net, torch.as_tensor(obs, dtype=self.obs_dtype), eps,
                               self.n_actions, rng)
 
 
@@ -152,6 +169,7 @@ class DQN(Algorithm):
         config = config or DQNConfig()
         super().__init__(obs_space, act_space, config, device=device, seed=seed)
         self.obs_shape = tuple(obs_space.shape)
+        self.image = is_image(obs_space)
         self.n_actions = int(act_space.n)
         self.double_q = config.double_q
         self.grad_clip = config.grad_clip
@@ -171,8 +189,8 @@ class DQN(Algorithm):
         self.updates = 0
 
     def _network(self) -> QNetwork:
-        return QNetwork(obs_dim(self.obs_space), self.n_actions, tuple(self.config.hidden),
-                        self.config.dueling)
+        return QNetwork(self.obs_space, self.n_actions, tuple(self.config.hidden),
+                        self.config.dueling, self.config.cnn)
 
     @classmethod
     def check_env(cls, env_id, obs_space, act_space) -> None:
@@ -191,7 +209,7 @@ class DQN(Algorithm):
     def act(self, obs: np.ndarray, epsilons: np.ndarray | float,
             rng: np.random.Generator) -> np.ndarray:
         """Epsilon-greedy actions of the online network (see `epsilon_greedy`)."""
-        return epsilon_greedy(self.online, self._tensor(obs), epsilons, self.n_actions, rng)
+        return epsilon_greedy(self.online, self._obs(obs), epsilons, self.n_actions, rng)
 
     # ---- learning ---------------------------------------------------------------------
 
@@ -209,7 +227,7 @@ class DQN(Algorithm):
         Returns (scalar loss tensor, metrics {"loss", "q_mean", "td_abs_mean"} --
         empty when `metrics` is False, which saves a few kernels and a sync --
         new priorities |TD error| as float64 (B,))."""
-        obs, next_obs = self._tensor(batch["obs"]), self._tensor(batch["next_obs"])
+        obs, next_obs = self._obs(batch["obs"]), self._obs(batch["next_obs"])
         action = torch.as_tensor(batch["action"], dtype=torch.int64, device=self.device)
         reward = self._tensor(batch["reward"])
         discount = self._tensor(batch["discount"])
@@ -319,8 +337,16 @@ class DQN(Algorithm):
         self.updates = int(state.get("updates", self.optimizer.step_count))
 
     def signature(self) -> dict:
-        return {**super().signature(), "hidden": list(self.config.hidden),
-                "dueling": self.config.dueling}
+        sig = {**super().signature(), "hidden": list(self.config.hidden),
+               "dueling": self.config.dueling}
+        if self.image:
+            sig["cnn"] = self.config.cnn
+        return sig
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.float32, device=self.device)
+
+    def _obs(self, x: np.ndarray) -> torch.Tensor:
+        """Observations on the device: frames as uint8 (a quarter of float32's bytes
+        to move; the CNN torso scales them), vectors as float32."""
+        return self._tensor(x) if not self.image else torch.as_tensor(x, device=self.device)

@@ -1,14 +1,19 @@
-"""Building blocks the algorithms share: MLPs called functionally, and flat parameter
-buffers (every parameter and gradient a view of one vector per update phase)."""
+"""Building blocks the algorithms share: MLPs called functionally, the torso for an
+observation space (a CNN on frames, an MLP on vectors), and flat parameter buffers
+(every parameter and gradient a view of one vector per update phase)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
 
+import gymnasium as gym
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pal_hpc.algos.cnn import CNNTorso
 
 
 class MLP(nn.Module):
@@ -30,6 +35,39 @@ class MLP(nn.Module):
             if i < last:
                 x = torch.relu(x)
         return x
+
+
+class MLPTorso(nn.Sequential):
+    """Linear layers each followed by ReLU, on observations flattened to (N, obs_dim)."""
+
+    def __init__(self, in_dim: int, hidden: Sequence[int]):
+        layers: list[nn.Module] = []
+        width = in_dim
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        super().__init__(*layers)
+        self.out_features = width
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return super().forward(obs.reshape(obs.shape[0], -1))
+
+
+def is_image(obs_space: gym.Space) -> bool:
+    """Frames: a 3-D uint8 Box, channels first (Atari's stacked (4, 84, 84))."""
+    return (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3
+            and obs_space.dtype == np.uint8)
+
+
+def torso(obs_space: gym.Space, kind: str = "nature",
+          hidden: Sequence[int] = (256, 256)) -> nn.Module:
+    """The feature extractor for `obs_space`: a `CNNTorso` of `kind` ("nature" or
+    "nips"; it takes uint8 frames and scales them) on image observations (`is_image`),
+    else an `MLPTorso` of `hidden` widths on the flattened float observation.  Either
+    has `out_features`, the width of its output."""
+    if is_image(obs_space):
+        return CNNTorso(obs_space.shape, kind)
+    return MLPTorso(obs_dim(obs_space), hidden)
 
 
 def seeded(seed: int, build):

@@ -29,7 +29,9 @@ class Actor:
         # Inserts an actor may run ahead of the learners: a few write batches per actor.
         self.slack = max(4 * write_batch * max(1, replay.regions), cfg.batch_size)
         base = cfg.seed * 100_003 + 1_000 * actor_index
-        self.envs = [make_env(cfg.env, base + i) for i in range(cfg.envs_per_actor)]
+        self.envs = [make_env(cfg.env, base + i,
+                              terminal_on_life_loss=cfg.atari_terminal_on_life_loss)
+                     for i in range(cfg.envs_per_actor)]
         self.rng = np.random.default_rng(base)
         self.obs = np.stack([env.reset(seed=base + i)[0] for i, env in enumerate(self.envs)])
         self.nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in self.envs]
