@@ -28,6 +28,11 @@
 #                        the same CartPole code (tianshou pulls it in anyway).
 #   numpy 2.4.6, numba 0.68.1, llvmlite 0.50.0: what pip resolves today,
 #                        pinned because they set the peers' speed.
+#   ray        2.60.0    newest; the reactor paper's baseline in bench_lockstep.py
+#                        (one actor per environment, one ray.get per round).
+#   envpool    1.2.5     newest; its wheel works with numpy 2.4 (CartPole-v1, Pong-v5).
+#   ale-py     0.12.1    the project's pin: the Pong ROM and AtariVectorEnv.
+#   opencv-python-headless 5.0.0.93  the project's pin (AtariPreprocessing needs it).
 #
 # torchrl caveat: every torchrl wheel on PyPI (0.11.1 .. 0.14.1 were tried)
 # ships a C++ extension torchrl/_torchrl*.so, which holds the segment trees,
@@ -59,6 +64,10 @@ PINS=(
   "numba==0.68.1"
   "llvmlite==0.50.0"
   "setuptools==84.2.1"   # for rebuilding torchrl's C++ extension
+  "ray==2.60.0"
+  "envpool==1.2.5"
+  "ale-py==0.12.1"
+  "opencv-python-headless==5.0.0.93"
 )
 
 # The stamp records a hash of this script, so editing a pin reinstalls.
@@ -132,7 +141,7 @@ import importlib, importlib.metadata as md, os, sys
 os.environ.setdefault("RL_WARNINGS", "0")
 print(f"  python {sys.version.split()[0]} at {sys.prefix}")
 for dist in ("torch", "numpy", "numba", "cpprb", "tensordict", "torchrl", "tianshou",
-             "stable-baselines3", "gymnasium"):
+             "stable-baselines3", "gymnasium", "ray", "envpool", "ale-py"):
     try:
         ver = md.version(dist)
     except md.PackageNotFoundError:
@@ -143,6 +152,9 @@ checks = {
     "torchrl": "torchrl._torchrl:SumSegmentTreeFp32",
     "tianshou": "tianshou.data.utils.segtree:SegmentTree",
     "stable-baselines3": "stable_baselines3:DQN",
+    "ray": "ray:remote",
+    "envpool": "envpool:make",
+    "ale-py": "ale_py.vector_env:AtariVectorEnv",
 }
 for peer, target in checks.items():
     mod, attr = target.split(":")

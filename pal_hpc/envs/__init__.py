@@ -1,5 +1,7 @@
 """Environments: `make_env` (gymnasium ids, Atari preprocessing) and the lockstep vector env."""
 
+from pal_hpc.envs.lockstep import LockstepError, LockstepVectorEnv
 from pal_hpc.envs.make import action_info, is_atari, make_env, obs_info
 
-__all__ = ["make_env", "action_info", "obs_info", "is_atari"]
+__all__ = ["make_env", "action_info", "obs_info", "is_atari", "LockstepVectorEnv",
+           "LockstepError"]

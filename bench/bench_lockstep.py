@@ -1,0 +1,165 @@
+"""Lockstep environment stepping: pal_hpc's LockstepVectorEnv beside gymnasium's vector
+envs, the reactor paper's Ray baseline and the native engines, on CartPole-v1 and
+ALE/Pong-v5 (preprocessed: frameskip 4 max-pooled, 30 no-ops, 84x84 gray, 4 stacked).
+
+For W workers and E environments per worker (N = W * E environments), steps/s of
+random actions (one stream drawn up front, the same for every engine):
+
+  lockstep  pal_hpc.envs.LockstepVectorEnv(N envs, num_workers=W), copy=True
+  async     gymnasium AsyncVectorEnv(shared_memory=True): one process per env (N)
+  sync      gymnasium SyncVectorEnv: the N envs in the calling process
+  ray       the reactor paper's baseline (arXiv 2312.04704): one @ray.remote actor per
+            environment, one ray.get per round (Ray from .venv-peers)
+  envpool   envpool (C++ envs, num_threads=W): CartPole-v1 and Pong-v5 (.venv-peers)
+  ale       ale-py's AtariVectorEnv (C++ preprocessing, num_threads=W): Pong only
+  plain     one env in one process, a bare step/reset loop: the ceiling per core
+
+Each measurement runs in its own process (bench/vecenv_worker.py): --warmup seconds
+untimed, then --seconds timed.  Engines with one process per env (async, ray) are
+skipped above --max-procs processes (memory).  Targets from the issue are checked and
+printed: CartPole E=1 W=2: lockstep >= 5x async and >= 50x ray; E=32: >= 0.8x
+min(W, cores) x plain; Pong: >= 10x ray, >= 0.9x min(W, cores) x plain, and within
+1.5x of envpool.
+
+    python bench/bench_lockstep.py [--seconds 2] [--workers 1,2,4] [--per-worker 1,8,32]
+                                   [--envs cartpole,pong] [--json OUT]
+    python bench/bench_lockstep.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+WORKER = ROOT / "bench" / "vecenv_worker.py"
+PEER_ENGINES = {"ray", "envpool", "ale"}
+
+
+def measure(engine: str, env: str, w: int, e: int, args) -> dict:
+    python = PEER_PYTHON if engine in PEER_ENGINES else Path(sys.executable)
+    if not python.exists():
+        return {"skipped": f"{python} missing (make bench-peers)"}
+    cmd = [str(python), str(WORKER), "--engine", engine, "--env", env, "--workers", str(w),
+           "--per-worker", str(e), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+    envvars = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                   RAY_DEDUP_LOGS="0", RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=envvars, cwd=ROOT,
+                             timeout=300 + 2 * (args.seconds + args.warmup))
+    except subprocess.TimeoutExpired:
+        return {"skipped": "timed out"}
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"skipped": f"failed (exit {out.returncode}): {out.stderr.strip()[-300:]}"}
+    return json.loads(lines[-1])
+
+
+def engines_for(env: str) -> list[str]:
+    return ["lockstep", "async", "sync", "ray", "envpool"] + (["ale"] if env == "pong" else [])
+
+
+def fmt_rate(rec: dict) -> str:
+    return f"{rec['steps_per_s']:>10,.0f}" if "steps_per_s" in rec else f"{'--':>10}"
+
+
+def ratio(ours: dict, peer: dict) -> float | None:
+    if "steps_per_s" in ours and "steps_per_s" in peer and peer["steps_per_s"] > 0:
+        return ours["steps_per_s"] / peer["steps_per_s"]
+    return None
+
+
+def fmt_ratio(r: float | None) -> str:
+    return f"{r:>7.2f}x" if r is not None else f"{'--':>8}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--warmup", type=float, default=0.5)
+    p.add_argument("--workers", default="1,2,4")
+    p.add_argument("--per-worker", default="1,8,32")
+    p.add_argument("--envs", default="cartpole,pong")
+    p.add_argument("--max-procs", type=int, default=32,
+                   help="skip one-process-per-env engines above this many processes")
+    p.add_argument("--quick", action="store_true", help="1 s runs, W in 1,2, E in 1,8")
+    p.add_argument("--json", default="", help="also write every record to this file")
+    args = p.parse_args()
+    if args.quick:
+        args.seconds, args.warmup, args.workers, args.per_worker = 1.0, 0.3, "1,2", "1,8"
+    workers = [int(x) for x in args.workers.split(",")]
+    per_worker = [int(x) for x in args.per_worker.split(",")]
+    cores = len(os.sched_getaffinity(0))
+    print(f"bench_lockstep: {cores} cores; {args.seconds:g} s per measurement after "
+          f"{args.warmup:g} s warm-up; steps/s are environment steps (a round of N envs = N)")
+    records, failures = [], []
+
+    for env in args.envs.split(","):
+        plain = measure("plain", env, 1, 1, args)
+        records.append(plain)
+        print(f"\n== {env}: plain single-env loop {fmt_rate(plain).strip()} steps/s per core")
+        header = "  W   E     N  " + "".join(f"{name:>11}" for name in engines_for(env))
+        print(header + "   vs async   vs sync    vs ray  vs envpool" +
+              ("    vs ale" if env == "pong" else "") + "  vs plain*min(W,cores)")
+        for w in workers:
+            for e in per_worker:
+                n = w * e
+                row = {}
+                for engine in engines_for(env):
+                    if engine in ("async", "ray") and n > args.max_procs:
+                        row[engine] = {"skipped": f"more than --max-procs {args.max_procs} "
+                                                  f"processes", "engine": engine, "env": env}
+                        continue
+                    row[engine] = measure(engine, env, w, e, args)
+                    row[engine].update(engine=engine, env=env, workers=w, per_worker=e)
+                    records.append(row[engine])
+                ours = row["lockstep"]
+                ceiling = {"steps_per_s": plain.get("steps_per_s", 0) * min(w, cores)} \
+                    if "steps_per_s" in plain else {}
+                rs = {k: ratio(ours, row[k]) for k in row if k != "lockstep"}
+                rs["plain"] = ratio(ours, ceiling)
+                line = f"{w:>3} {e:>3} {n:>5}  " + "".join(f"{fmt_rate(row[k]):>11}" for k in row)
+                line += "".join(f"{fmt_ratio(rs.get(k)):>10}" for k in
+                                ["async", "sync", "ray", "envpool"] + (["ale"] if env == "pong" else []))
+                line += f"{fmt_ratio(rs['plain']):>12}"
+                print(line, flush=True)
+                for k, rec in row.items():
+                    if "skipped" in rec and k == "lockstep":
+                        failures.append(f"{env} W={w} E={e}: lockstep {rec['skipped']}")
+                # the issue's targets, where this row is one they name
+                targets = []
+                if env == "cartpole" and e == 1 and w == 2:
+                    targets += [("vs async", rs.get("async"), 5.0), ("vs ray", rs.get("ray"), 50.0)]
+                if env == "cartpole" and e == 32:
+                    targets += [("vs min(W,cores) x plain", rs["plain"], 0.8)]
+                if env == "pong":
+                    targets += [("vs ray", rs.get("ray"), 10.0),
+                                ("vs min(W,cores) x plain", rs["plain"], 0.9),
+                                ("vs envpool", rs.get("envpool"), 1 / 1.5)]
+                for name, r, want in targets:
+                    if r is not None:
+                        verdict = "met" if r >= want else "NOT met"
+                        print(f"           target {name} >= {want:.2f}x: {r:.2f}x {verdict}")
+        if "bytes_copied_per_step" in ours:
+            print(f"  bytes copied per env step (lockstep, copy=True): "
+                  f"{ours['bytes_copied_per_step']:,} B (observation into the shared batch "
+                  f"and out of it, action in, reward and flags)")
+        skipped = sorted({f"{r['engine']}: {r['skipped']}" for r in records
+                          if "skipped" in r and r.get("env") == env})
+        for s in skipped:
+            print(f"  skipped {s}")
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    for f in failures:
+        print(f"FAILED {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
