@@ -383,3 +383,12 @@ def test_mpi_ranks_attach_to_the_node_window(mpi, nprocs):
     proc = mpi(nprocs, ROOT / "tests/mpi/lockstep_attach.py", timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"ranks={nprocs} ok=True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_atari_frames_step_exactly_as_sync_vector_env():
+    from pal_hpc.envs import make_env
+    fns = [lambda: make_env("ALE/Pong-v5", seed=0)] * 3
+    with LockstepVectorEnv(fns, 2) as ours, closing(gym.vector.SyncVectorEnv(fns)) as ref:
+        assert ours.single_observation_space.dtype == np.uint8
+        assert ours.observation_space.shape == (3, 4, 84, 84)
+        _compare(ours, ref, 40, seed=3)      # uint8 frames and ALE's infos (lives, frames)
