@@ -22,7 +22,7 @@ help:
 	@echo "make test-fast    the suite without tests marked slow"
 	@echo "make test-slurm   jobs/*.sbatch under a throw-away SLURM (root; installs it if needed)"
 	@echo "make bench        benchmarks, side by side with peers, with ratios"
-	@echo "make bench-peers  install peer libraries (cpprb, torchrl, tianshou) into .venv-peers"
+	@echo "make bench-peers  install peer libraries (cpprb, torchrl, tianshou, SB3, ray, envpool) into .venv-peers"
 	@echo "make clean        remove build outputs (keeps .venv)"
 
 install: $(BUILD_STAMP)
@@ -53,6 +53,7 @@ bench: install
 	$(PY) bench/bench_tree.py $(ARGS)
 	$(PY) bench/bench_replay.py $(ARGS)
 	$(PY) bench/bench_envs.py $(ARGS)
+	$(PY) bench/bench_lockstep.py $(ARGS)
 	$(PY) bench/bench_train.py $(ARGS)
 	$(PY) bench/bench_continuous.py $(ARGS)
 

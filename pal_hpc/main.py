@@ -8,7 +8,10 @@ Configuration comes from the defaults, then `--config FILE`, then flags
 - A bad configuration ends the job with exit status 2 and one line naming the field,
   whether every rank finds it or only some (see `runtime.abort.reject`).
 - An exception on any rank prints that rank's traceback and aborts the whole job.
-- SIGTERM, SIGUSR1 or a first SIGINT checkpoint and exit 0; a second SIGINT stops at once.
+- SIGTERM, SIGUSR1 or a first SIGINT checkpoint and stop: with work left (the step and
+  wall budgets not used up, the target not reached) the job exits with status 75
+  (`signals.WORK_LEFT_EXIT`: resume to continue), else 0, and `summary.json` records
+  `stop_reason`, `work_left` and `exit_status`.  A second SIGINT stops at once.
 - A final checkpoint that cannot be written (a full disk) ends the job with status 1
   and one message naming the newest checkpoint on disk (`runtime.abort.JobError`).
 - A rank dies with its launcher and leaves no /dev/shm files (`runtime.lifeline`).
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 and note:
             print(note, flush=True)
         _injected_rejection(rank)
-        train(cfg, topo)
+        status = train(cfg, topo)
         topo.free()                   # collective: only once every rank got here
     except ConfigError as exc:        # on every rank, or only on some (e.g. the learners)
         reject(control, f"pal_hpc: invalid configuration: {exc}")
@@ -106,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         abort_job(1, f"pal_hpc: rank {rank} failed:\n{traceback.format_exc()}")
     control.Free()
-    return 0
+    if status:
+        # `python -m mpi4py` turns a non-zero exit into MPI_Abort (and "Abort(75)" lines);
+        # this stop is not a failure, so finalize first (every rank gets here together).
+        MPI.Finalize()
+    return status
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch
 
 from conftest import ROOT, mpi_env, mpiexec, pal_cmd
 from pal_hpc.runtime import lifeline
+from pal_hpc.runtime.signals import WORK_LEFT_EXIT
 
 pytestmark = pytest.mark.mpi
 
@@ -134,8 +135,9 @@ def test_unknown_flag_prints_usage_once_and_exits_2(tmp_path):
 
 # -- item 13: Ctrl-C ------------------------------------------------------------------
 
-def test_one_sigint_to_mpiexec_checkpoints_and_exits_0(tmp_path):
-    """hydra's mpiexec forwards a first SIGINT to every rank: like SIGTERM."""
+def test_one_sigint_to_mpiexec_checkpoints_and_exits_work_left(tmp_path):
+    """hydra's mpiexec forwards a first SIGINT to every rank: like SIGTERM (checkpoint,
+    then exit 75 since the step budget is far from used up)."""
     run_dir = tmp_path / "run"
     proc = start(pal_cmd(2, run_dir, *LONG))
     lines: list[str] = []
@@ -145,11 +147,13 @@ def test_one_sigint_to_mpiexec_checkpoints_and_exits_0(tmp_path):
         out, err = proc.communicate(timeout=90)
     finally:
         kill_all(proc)
-    assert proc.returncode == 0, "".join(lines) + out + err
+    assert proc.returncode == WORK_LEFT_EXIT == 75, "".join(lines) + out + err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "Abort" not in out + err, out + err          # a clean stop, not MPI_Abort
     assert list((run_dir / "checkpoints").glob("*.h5")), list(run_dir.rglob("*"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "SIGINT" in summary["stop_reason"], summary["stop_reason"]
+    assert summary["work_left"] is True and summary["exit_status"] == 75, summary
 
 
 def test_second_sigint_to_a_rank_stops_at_once_in_one_line():

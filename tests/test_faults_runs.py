@@ -87,9 +87,9 @@ def test_a_second_job_on_a_run_dir_in_use_is_refused(tmp_path):
         b = run(pal_cmd(2, run_dir, "--total-steps", "3000", "--resume", "auto"), timeout=60)
         rejected(b, f"run_dir: {run_dir} is in use by another job (pid ", "--run-dir")
         assert a.poll() is None                 # A goes on
-        a.terminate()                           # SIGTERM: checkpoint and exit 0
+        a.terminate()                           # SIGTERM: checkpoint, exit 75 (work left)
         out, err = a.communicate(timeout=120)
-        assert a.returncode == 0, err
+        assert a.returncode == 75, err
         assert "SIGTERM" in summary(run_dir)["stop_reason"]
     finally:
         a.kill()

@@ -1,16 +1,20 @@
 """Preemption and resume through the real entry point: SIGTERM to mpiexec makes every
-rank checkpoint and exit 0; --resume continues counters, parameters and replay."""
+rank checkpoint and exit 75 (work left); --resume continues counters, parameters and
+replay, and a run that finishes its budget exits 0."""
 
 import json
+import os
 import signal
 import subprocess
 import time
 
 import h5py
+import numpy as np
 import pytest
 
 from conftest import ROOT, mpi_env, pal_cmd
 from pal_hpc.io.checkpoint import list_checkpoints
+from pal_hpc.io.metrics import read_run_metrics
 
 pytestmark = pytest.mark.mpi
 
@@ -44,9 +48,10 @@ def preempted_run(run_dir):
 def test_sigterm_checkpoints_then_resume_carries_on(tmp_path):
     run_dir = tmp_path / "run"
     code, out, err = preempted_run(run_dir)
-    assert code == 0, out + err
+    assert code == 75, out + err
     first = summary(run_dir)
     assert "SIGTERM" in first["stop_reason"]
+    assert first["work_left"] is True and first["exit_status"] == 75
     ckpt_path = first["checkpoint"]
     with h5py.File(ckpt_path, "r") as f:
         saved_digest = f.attrs["params_digest"]
@@ -65,6 +70,11 @@ def test_sigterm_checkpoints_then_resume_carries_on(tmp_path):
     assert second["updates"] > first["updates"]
     assert second["wall_s"] > first["wall_s"]
     assert second["learner_params_identical"]
+    assert second["work_left"] is False and second["exit_status"] == 0
+    # The log goes on from the checkpoint: no learner row of the resumed run counts its
+    # env steps from 0 again (rows written before its first counter round could).
+    steps = read_run_metrics(run_dir)["learner"]["env_step"]
+    assert (np.diff(steps) >= 0).all() and steps.max() > first["env_steps"]
 
 
 def test_resume_refuses_other_shapes_and_skips_corrupt(tmp_path):
@@ -115,3 +125,62 @@ def test_periodic_checkpoints_and_a_clean_resume(tmp_path):
     second = list_checkpoints(run_dir)
     assert len(second) == len(first) + 1         # only the resumed run's final checkpoint
     assert summary(run_dir)["learner_params_identical"]
+
+
+@pytest.mark.parametrize("steps, wall_time, work_left", [
+    (400, 0.0, True),          # signalled with steps to go: exit 75, resume to continue
+    (1000, 0.0, False),        # the step budget got done as the signal came: exit 0
+    (400, 1e-9, False),        # the wall budget is used up: exit 0
+])
+def test_a_signal_means_work_left_only_while_the_budget_is_not_done(steps, wall_time,
+                                                                     work_left):
+    from pal_hpc.config import Config
+    from pal_hpc.runtime import stats as S
+    from pal_hpc.runtime.coordinator import Coordinator
+
+    cfg = Config(total_steps=1000, wall_time=wall_time, progress_every=1e9)
+    coord = Coordinator(cfg, time.monotonic())
+    total = np.zeros(S.SIZE)
+    total[S.ENV_STEPS], total[S.PREEMPT] = steps, 1
+    assert coord.observe(total)
+    assert coord.work_left is work_left, coord.stop_reason
+    assert ("exit status 75" in coord.stop_reason) is work_left, coord.stop_reason
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(k) for k in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def test_sigterm_twice_to_every_rank_is_one_checkpoint_and_exit_75(tmp_path):
+    """Under SLURM a rank may get SIGTERM twice (slurmd signals every process of the step,
+    and a launcher may pass it on): still one checkpoint, one summary, exit 75."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(main_cmd(2, run_dir, "--total-steps", "10000000"), cwd=ROOT,
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:                 # training is under way
+            lines.append(line)
+            if "updates" in line or time.monotonic() > deadline:
+                break
+        ranks = [r for p in _children(proc.pid) for r in _children(p)]
+        assert len(ranks) == 2, ranks
+        for gap in (0.0, 0.3):                   # the second lands while they wind down
+            time.sleep(gap)
+            for pid in ranks:
+                os.kill(pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out = "".join(lines) + out
+    assert proc.returncode == 75, out + err
+    assert out.count("summary: ") == 1 and "Traceback" not in err, out + err
+    mains = [p for p in (run_dir / "checkpoints").glob("step_*.h5") if "_replay" not in p.name]
+    assert len(mains) == 1, mains
+    assert "SIGTERM" in summary(run_dir)["stop_reason"]

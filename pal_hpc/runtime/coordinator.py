@@ -26,6 +26,7 @@ class Coordinator:
         self.last_updates = 0.0
         self.target_hit: dict | None = None
         self.stop_reason = ""
+        self.work_left = False              # stopped on a signal before the budget was done
         self.last_checkpoint = start
 
     def checkpoint_due(self) -> bool:
@@ -58,15 +59,19 @@ class Coordinator:
                 self.target_hit = rec
         if now - self.last_print >= self.cfg.progress_every:
             self.progress(total, now)
-        if total[S.PREEMPT] > 0:
-            self.stop_reason = (f"{signals.requested or 'SIGTERM/SIGUSR1/SIGINT'}: "
-                                f"checkpoint and exit")
-        elif self.target_hit is not None:
+        # A budget used up wins over a signal that came with it: the run is done.
+        self.work_left = False
+        if self.target_hit is not None:
             self.stop_reason = f"target return {self.cfg.target_return} reached"
         elif total[S.ENV_STEPS] >= self.cfg.total_steps:
             self.stop_reason = f"{self.cfg.total_steps} env steps done"
         elif self.cfg.wall_time > 0 and now - self.start >= self.cfg.wall_time:
             self.stop_reason = f"wall time {self.cfg.wall_time}s reached"
+        elif total[S.PREEMPT] > 0:
+            self.work_left = True
+            self.stop_reason = (f"{signals.requested or 'SIGTERM/SIGUSR1/SIGINT'}: stopped "
+                                f"early with work left; checkpointed, exit status "
+                                f"{signals.WORK_LEFT_EXIT} (resume to continue)")
         return bool(self.stop_reason)
 
     def progress(self, total: np.ndarray, now: float) -> None:

@@ -123,6 +123,7 @@ class RankRun(Checkpointing, Summary):
         self._sys_last = (time.monotonic(), 0, 0)
         self.ckpt_comm = self.world.Dup()   # checkpoint collectives never meet a stats round
         self.stop_asked = False
+        self.exit_status = 0            # set at the wind-down (see `train`)
         self.coord = None
         self.start = 0.0
         self.restored: dict = {}        # wall time and evaluations of the run we resume
@@ -140,6 +141,10 @@ class RankRun(Checkpointing, Summary):
     def run(self) -> dict | None:
         """Train until the job stops; rank 0 returns the summary."""
         wait_all(self.world)
+        if self.resumed_from:
+            # Until the first stats round completes, the job-wide totals are the
+            # checkpoint's: learner rows and schedules go on from there, not from 0.
+            self.world.Allreduce(self.stats.mine, self.stats.total, op=MPI.SUM)
         self.start = time.monotonic() - self.restored.get("wall_s", 0.0)
         # Rates count from here: after a resume, the restored counters are not this
         # run's work (they made the first throughput row spike).
@@ -233,7 +238,7 @@ class RankRun(Checkpointing, Summary):
     def _exchange(self) -> None:
         stats = self.stats
         if signals.requested and not stats.mine[S.PREEMPT]:
-            stats.set(S.PREEMPT, 1)     # checkpoint at the next safe point, then exit 0
+            stats.set(S.PREEMPT, 1)     # checkpoint at the next safe point, then stop
         if self.me.local_rank == 0:
             stats.set(S.REPLAY_SIZE, self.replay.size())
         if stats.poll():
@@ -324,6 +329,9 @@ class RankRun(Checkpointing, Summary):
         summary = None
         if self.coord is not None:
             summary = self._summary(totals, final_eval, len(set(digests)) == 1, checkpoint)
+        # Rank 0 alone knows why the job stopped; every rank exits with the same status
+        # (hydra's mpiexec ORs the ranks' statuses together).
+        self.exit_status = world.bcast(summary["exit_status"] if summary else None, root=0)
         if self.actor is not None:
             self.actor.close()
         wait_all(world)
@@ -340,6 +348,12 @@ class RankRun(Checkpointing, Summary):
                            f"{world.bcast(self.last_good, root=0) or 'none'}")
         return summary
 
-def train(cfg, topo) -> dict | None:
-    """Run the job on this rank; rank 0 returns the summary."""
-    return RankRun(cfg, topo).run()
+def train(cfg, topo) -> int:
+    """Run the job on this rank; returns the job's exit status, the same on every rank:
+    0 (done) or `signals.WORK_LEFT_EXIT` (stopped on a signal with work left)."""
+    if getattr(ALGOS[cfg.algo], "on_policy", False):    # PAAC: lockstep envs, no replay
+        from pal_hpc.runtime.onpolicy import train_on_policy
+        return train_on_policy(cfg, topo)
+    job = RankRun(cfg, topo)
+    job.run()
+    return job.exit_status

@@ -15,6 +15,7 @@ import numpy as np
 
 from pal_hpc.config import config_to_dict
 from pal_hpc.io.schema import EVALUATION
+from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
 
 
@@ -61,6 +62,11 @@ class Summary:
             "params_digest_at_start": self.start_digest or None,
             "replay_size_at_start": self.start_replay_size,
             "stop_reason": coord.stop_reason or "loop ended",
+            # What the job exits with (on every rank): 0 done, WORK_LEFT_EXIT stopped on
+            # a signal with work left (checkpointed; resume to continue), 1 no checkpoint.
+            "work_left": coord.work_left,
+            "exit_status": (1 if checkpoint is None else
+                            signals.WORK_LEFT_EXIT if coord.work_left else 0),
             "evaluations": coord.evals,
         }
         run_dir = Path(cfg.resolved_run_dir())
