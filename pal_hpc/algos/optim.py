@@ -97,3 +97,77 @@ class FlatAdam:
         self.lr = float(state["lr"])
         self.betas = (float(state["beta1"]), float(state["beta2"]))
         self.eps = float(state["eps"])
+
+
+class FlatRMSProp:
+    """RMSProp for a single 1-D parameter tensor, updated in place, with global-norm
+    clipping folded in (as `FlatAdam`).
+
+    By default the update is that of TensorFlow 1's `RMSPropOptimizer`, which PAAC's
+    released code used with decay 0.99 and epsilon 0.1 (and which its learning rate
+    0.0224 was tuned for): the mean square starts at 1 and epsilon sits inside the
+    square root,
+
+        ms <- decay * ms + (1 - decay) * g^2;   p <- p - lr * g / sqrt(ms + eps).
+
+    `eps_in_sqrt=False, initial_square=0.0` is torch.optim.RMSprop's update instead,
+    p <- p - lr * g / (sqrt(ms) + eps) from ms = 0 (tests/test_paac.py checks it
+    against torch step by step).  `step` takes the learning rate of this step, so a
+    caller can anneal it."""
+
+    def __init__(self, param: torch.Tensor, lr: float = 1e-2, decay: float = 0.99,
+                 eps: float = 0.1, eps_in_sqrt: bool = True, initial_square: float = 1.0):
+        if param.dim() != 1:
+            raise ValueError(f"FlatRMSProp needs a 1-D parameter vector, got shape "
+                             f"{tuple(param.shape)}")
+        if not lr >= 0 or not eps > 0 or not 0.0 <= decay < 1.0 or not initial_square >= 0:
+            raise ValueError(f"bad RMSProp hyperparameters lr={lr} decay={decay} eps={eps} "
+                             f"initial_square={initial_square}")
+        self.param = param
+        self.lr, self.decay, self.eps = float(lr), float(decay), float(eps)
+        self.eps_in_sqrt = bool(eps_in_sqrt)
+        self.square_avg = torch.full_like(param, float(initial_square))
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor, clip_norm: float = 0.0, lr: float | None = None) -> float:
+        """One update with `grad` (same shape as the parameter) at learning rate `lr`
+        (default: the constructor's).  With clip_norm > 0 the gradient is first scaled
+        by min(1, clip_norm / (||grad|| + 1e-6)) in place, as torch's
+        clip_grad_norm_.  Returns the gradient's norm before clipping (0.0 when not
+        clipping: then it is not computed)."""
+        norm = 0.0
+        if clip_norm > 0:
+            n = torch.linalg.vector_norm(grad)
+            grad.mul_(torch.clamp(clip_norm / (n + 1e-6), max=1.0))
+            norm = float(n)
+        lr = self.lr if lr is None else float(lr)
+        self.square_avg.mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
+        if self.eps_in_sqrt:
+            denom = self.square_avg.add(self.eps).sqrt_()
+        else:
+            denom = self.square_avg.sqrt().add_(self.eps)
+        self.param.addcdiv_(grad, denom, value=-lr)
+        self.steps += 1
+        return norm
+
+    def state_dict(self) -> dict:
+        """Mean squares, step count and hyperparameters: tensors and numbers only."""
+        return {"steps": self.steps, "square_avg": self.square_avg, "lr": self.lr,
+                "decay": self.decay, "eps": self.eps, "eps_in_sqrt": self.eps_in_sqrt}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict() returned; the mean squares must match the parameter."""
+        missing = [k for k in ("steps", "square_avg", "lr", "decay", "eps", "eps_in_sqrt")
+                   if k not in state]
+        if missing:
+            raise ValueError(f"optimizer state lacks {missing} (has {sorted(state)}): not a "
+                             f"FlatRMSProp state")
+        sq = torch.as_tensor(state["square_avg"])
+        if tuple(sq.shape) != tuple(self.param.shape):
+            raise ValueError(f"optimizer state 'square_avg' has shape {tuple(sq.shape)}, "
+                             f"the parameter vector {tuple(self.param.shape)}")
+        self.square_avg.copy_(sq)
+        self.steps = int(state["steps"])
+        self.lr, self.decay, self.eps = float(state["lr"]), float(state["decay"]), float(state["eps"])
+        self.eps_in_sqrt = bool(state["eps_in_sqrt"])
