@@ -262,6 +262,19 @@ def test_a_worker_killed_while_the_caller_waits():
     assert not any(_alive(p) for p in pids)      # the survivor was stopped too
 
 
+def test_workers_report_their_busy_time():
+    with LockstepVectorEnv([lambda: _SlowEnv(0.05)] * 4, 2) as env:
+        env.reset(seed=0)
+        t0 = time.monotonic()
+        for _ in range(4):
+            env.step(np.zeros(4, np.int64))
+        wall = time.monotonic() - t0
+        busy = env.worker_busy_seconds()
+        assert busy.shape == (2,)
+        # each worker stepped two 50 ms envs per round, four rounds
+        assert (busy >= 0.4).all() and (busy <= wall + 0.05).all(), (busy, wall)
+
+
 def test_close_is_idempotent_and_stops_every_worker():
     env = LockstepVectorEnv([_make("CartPole-v1")] * 4, 3)
     pids = env.worker_pids

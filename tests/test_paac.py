@@ -298,6 +298,10 @@ def test_trains_and_logs_through_the_entry_point(tmp_path, n):
     t = s["master_time"]
     assert 0 < t["busy"] < 1 and t["forward"] > 0 and t["update"] > 0 and t["env_wait"] > 0
     assert "paac: master time: busy" in proc.stdout
+    if n == 1:
+        assert s["env_worker_busy"] is None          # the master steps the envs itself
+    else:
+        assert 0 < s["env_worker_busy"] < 1
     log = read_run_metrics(run_dir)
     assert log["learner"].dtype.names[3:] == PAAC.metric_names
     assert len(log["learner"]) == s["updates"] // 10

@@ -302,6 +302,11 @@ class LockstepVectorEnv(VectorEnv):
         """The pids of the worker processes (or ranks)."""
         return [p.pid for p in self._procs] if self._procs else self._master.pids()[:self.num_workers]
 
+    def worker_busy_seconds(self) -> np.ndarray:
+        """Seconds each worker has spent stepping and resetting its environments (the
+        rest of its time it waited for the master); empty when no workers."""
+        return self._master.busy_seconds()
+
     # ------------------------------------------------------------------ the gymnasium API
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None,

@@ -31,8 +31,10 @@ from pal_hpc.envs import codec
 OP_RESET, OP_STEP, OP_CLOSE = 1, 2, 3
 OP_NAMES = {OP_RESET: "reset", OP_STEP: "step", OP_CLOSE: "close"}
 
-# Status slot of each worker: 16 uint32 words on one cache line.
+# Status slot of each worker: 16 uint32 words on one cache line.  Words 4-5 hold a
+# uint64: the nanoseconds the worker has spent running commands (its busy time).
 S_STATUS, S_ERR_LEN, S_INFO_LEN, S_PID = 0, 1, 2, 3
+S64_BUSY_NS = 2
 STATUS_OK, STATUS_ERROR = 0, 1
 SLOT_WORDS = 16
 
@@ -123,6 +125,7 @@ class Views:
         self.layout = layout
         self.control = part("control", np.uint32, (-1,))
         self.slots = part("slots", np.uint32, (-1, SLOT_WORDS))
+        self.slots64 = self.slots.view(np.uint64)
         self.obs = part("obs", np.dtype(layout.obs_dtype), (n, *layout.obs_shape))
         self.act = part("act", np.dtype(layout.act_dtype), (n, *layout.act_shape))
         self.rew = part("rew", np.float64, (n,))
@@ -292,6 +295,7 @@ def serve(views: Views, w: int, make_envs: Callable[[], Sequence[gym.Env]],
                     return
                 continue
             last, op, _ = cmd
+            t0 = time.perf_counter_ns()
             if op == OP_CLOSE:
                 core.done(ctl)
                 return
@@ -310,6 +314,7 @@ def serve(views: Views, w: int, make_envs: Callable[[], Sequence[gym.Env]],
                 lo, hi = share.lo, share.hi
                 _write_error(views, w, f"worker {w} (envs {lo}..{hi - 1}) failed in "
                                        f"{OP_NAMES.get(op, op)}:\n{traceback.format_exc()}")
+            views.slots64[w, S64_BUSY_NS] += time.perf_counter_ns() - t0
             core.done(ctl)
     finally:
         if share is not None:
@@ -368,3 +373,7 @@ class Master:
 
     def pids(self) -> list[int]:
         return [int(p) for p in self.v.slots[:, S_PID]]
+
+    def busy_seconds(self) -> np.ndarray:
+        """Seconds each worker has spent running commands (stepping, resetting)."""
+        return self.v.slots64[:self.n, S64_BUSY_NS] / 1e9

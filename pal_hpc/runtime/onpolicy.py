@@ -212,6 +212,8 @@ class OnPolicyRun(Checkpointing, Summary):
             try:
                 self._master(vec, start_update)
             finally:
+                if vec.num_workers:     # how busy this node's env workers were
+                    self.worker_busy = vec.worker_busy_seconds().copy()
                 vec.close()             # the workers return from `attach`
         self._wind_down()
 
@@ -464,7 +466,8 @@ class OnPolicyRun(Checkpointing, Summary):
             print(f"paac: master time: busy {t['busy']:.1%} (forward {t['forward']:.1%}, "
                   f"update {t['update']:.1%}), waiting for environments {t['env_wait']:.1%}, "
                   f"for other masters {t['allreduce_wait']:.1%}, evaluating "
-                  f"{t['evaluation']:.1%}", flush=True)
+                  f"{t['evaluation']:.1%}; env workers busy "
+                  f"{summary['env_worker_busy'] or 0:.1%}", flush=True)
         self.exit_status = world.bcast(summary["exit_status"] if summary else None, root=0)
         checkpoint = world.bcast(checkpoint, root=0)
         last_good = world.bcast(self.last_good, root=0)
@@ -504,12 +507,22 @@ class OnPolicyRun(Checkpointing, Summary):
         out["wall_s"] = wall
         return out
 
+    def _worker_busy_fraction(self) -> float | None:
+        """The mean fraction of wall time rank 0's node's env workers spent stepping
+        (None when the master steps the environments itself)."""
+        busy = getattr(self, "worker_busy", None)
+        if busy is None or not len(busy):
+            return None
+        wall = max(time.monotonic() - self.times["since"], 1e-9)
+        return round(float(busy.mean()) / wall, 4)
+
     def _summary_extra(self) -> dict:
         acfg = self.cfg.algo_config
         return {"masters": self.n_learners, "env_workers": self.n_actors,
                 "num_envs": self.node_envs, "t_max": acfg.t_max,
                 "steps_per_update": self.steps_per_round,
                 "master_time": {k: round(v, 4) for k, v in self._master_times().items()},
+                "env_worker_busy": self._worker_busy_fraction(),
                 "note": "actors = environment worker ranks, learners = masters (one per node)"}
 
     # -- checkpoints -------------------------------------------------------------------
