@@ -103,7 +103,10 @@ class Telemetry:
         self._write_log(force=True)
 
     def close_log(self) -> None:
-        """Rank 0: write what is held and close the log (failures are reported)."""
+        """Rank 0: write what is held and close the log (failures are reported).
+        Rows rank 0 recorded after `close` (the wind-down's last evaluations) go too."""
+        if self.root:
+            self._store_own()
         if self.log is not None:
             self._write_log(force=True)
         if self.log is not None:
