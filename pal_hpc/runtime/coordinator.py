@@ -75,14 +75,19 @@ class Coordinator:
         return bool(self.stop_reason)
 
     def progress(self, total: np.ndarray, now: float) -> None:
+        fill = total[S.REPLAY_SIZE] / max(total[S.REPLAY_CAPACITY], 1)
+        self._print_progress(total, now, f"replay {fill:4.0%}")
+
+    def _print_progress(self, total: np.ndarray, now: float, tail: str) -> None:
+        """The progress line: time, env steps and updates with their rates since the
+        last line, episodes and the recent mean return, then `tail`."""
         dt = max(now - self.last_print, 1e-9)
         steps, updates = total[S.ENV_STEPS], total[S.UPDATES]
         ret_sum = sum(s for s, _ in self.recent)
         ret_cnt = sum(c for _, c in self.recent)
         mean_ret = f"{ret_sum / ret_cnt:7.1f}" if ret_cnt else "      -"
-        fill = total[S.REPLAY_SIZE] / max(total[S.REPLAY_CAPACITY], 1)
         print(f"[{now - self.start:8.1f}s] steps {steps:>9,.0f} ({(steps - self.last_steps) / dt:7,.0f}/s)"
               f"  episodes {total[S.EPISODES]:>6,.0f}  return {mean_ret}"
               f"  updates {updates:>8,.0f} ({(updates - self.last_updates) / dt:6,.0f}/s)"
-              f"  replay {fill:4.0%}", flush=True)
+              f"  {tail}", flush=True)
         self.last_print, self.last_steps, self.last_updates = now, steps, updates

@@ -35,7 +35,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import h5py
@@ -50,7 +49,6 @@ from pal_hpc.cluster.topology import pick_device
 from pal_hpc.config import ConfigError, config_to_dict
 from pal_hpc.envs import LockstepVectorEnv, make_env
 from pal_hpc.io import checkpoint as ckpt
-from pal_hpc.io.metrics import log_segments, open_run_log, run_attributes
 from pal_hpc.io.rundir import claim_run_dir
 from pal_hpc.io.schema import streams_for
 from pal_hpc.runtime import signals
@@ -60,7 +58,7 @@ from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
 from pal_hpc.runtime.summary import Summary, _write_json
-from pal_hpc.runtime.telemetry import Telemetry, rss_mb
+from pal_hpc.runtime.telemetry import Telemetry, open_job_log, rss_mb
 
 METRICS_EVERY = 10          # learner rows: every 10th update
 SYSTEM_EVERY = 2.0          # seconds between a master's system rows
@@ -111,20 +109,11 @@ class OnPolicyCoordinator(Coordinator):
         self.times = times               # rank 0's master time accounts (live dict)
 
     def progress(self, total: np.ndarray, now: float) -> None:
-        dt = max(now - self.last_print, 1e-9)
-        steps, updates = total[S.ENV_STEPS], total[S.UPDATES]
-        ret_sum = sum(s for s, _ in self.recent)
-        ret_cnt = sum(c for _, c in self.recent)
-        mean_ret = f"{ret_sum / ret_cnt:7.1f}" if ret_cnt else "      -"
         wall = max(now - self.times["since"], 1e-9)
         frac = {k: self.times[k] / wall for k in TIMES}
-        print(f"[{now - self.start:8.1f}s] steps {steps:>9,.0f} ({(steps - self.last_steps) / dt:7,.0f}/s)"
-              f"  episodes {total[S.EPISODES]:>6,.0f}  return {mean_ret}"
-              f"  updates {updates:>8,.0f} ({(updates - self.last_updates) / dt:6,.0f}/s)"
-              f"  master busy {frac['forward'] + frac['update']:4.0%} (forward "
-              f"{frac['forward']:.0%}, update {frac['update']:.0%}), envs {frac['env_wait']:.0%}",
-              flush=True)
-        self.last_print, self.last_steps, self.last_updates = now, steps, updates
+        self._print_progress(total, now, f"master busy {frac['forward'] + frac['update']:4.0%} "
+                                         f"(forward {frac['forward']:.0%}, update "
+                                         f"{frac['update']:.0%}), envs {frac['env_wait']:.0%}")
 
 
 class OnPolicyRun(Checkpointing, Summary):
@@ -410,26 +399,9 @@ class OnPolicyRun(Checkpointing, Summary):
                   "num_envs": self.node_envs,
                   "roles": [[r.rank, r.node, int(r.local_rank > 0), int(r.local_rank == 0)]
                             for r in self.topo.roles]}
-        attrs = run_attributes(config_to_dict(cfg), layout, self.hosts,
-                               MPI.Get_library_version().strip())
-        if self.resumed_from:
-            attrs["resumed_at_wall_s"] = self.restored["wall_s"]
-        run_dir = Path(cfg.resolved_run_dir())
-        old = log_segments(run_dir)
-        if old and not self.resumed_from:
-            aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
-            aside.mkdir()
-            for path in old:
-                os.replace(path, aside / path.name)
-            print(f"pal_hpc: no checkpoint to resume; the earlier attempt's metrics log "
-                  f"moved to {aside}", flush=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            log = open_run_log(run_dir, attrs, resume=bool(self.resumed_from),
-                               streams=self.streams)
-        for w in caught:
-            print(f"pal_hpc: warning: {w.message}", flush=True)
-        return log
+        return open_job_log(cfg, layout, self.hosts,
+                            self.restored["wall_s"] if self.resumed_from else None,
+                            self.streams)
 
     # -- the end -----------------------------------------------------------------------
     def _wind_down(self) -> None:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,9 +24,7 @@ from pal_hpc.algos import ALGOS
 from pal_hpc.cluster.collectives import on_rank0, wait_all
 from pal_hpc.cluster.topology import pick_device
 from pal_hpc.cluster.weights import WeightStore
-from pal_hpc.config import config_to_dict
 from pal_hpc.io import checkpoint as ckpt
-from pal_hpc.io.metrics import log_segments, open_run_log, run_attributes
 from pal_hpc.io.rundir import claim_run_dir
 from pal_hpc.io.schema import streams_for
 from pal_hpc.replay import SharedReplay
@@ -44,7 +40,7 @@ from pal_hpc.runtime.learner import METRICS_EVERY, Learner
 from pal_hpc.runtime.nstep import transition_spec
 from pal_hpc.runtime.preflight import check_replay_fits
 from pal_hpc.runtime.summary import Summary
-from pal_hpc.runtime.telemetry import Telemetry, percentile_ms, rss_mb
+from pal_hpc.runtime.telemetry import Telemetry, open_job_log, percentile_ms, rss_mb
 
 
 def _fault_injection(rank: int):
@@ -254,28 +250,9 @@ class RankRun(Checkpointing, Summary):
         layout = {"ranks": self.world.Get_size(), "nodes": topo.n_nodes,
                   "actors": self.n_actors, "learners": self.n_learners,
                   "roles": [[r.rank, r.node, int(r.is_actor), int(r.is_learner)] for r in topo.roles]}
-        attrs = run_attributes(config_to_dict(cfg), layout, self.hosts,
-                               MPI.Get_library_version().strip())
-        if self.resumed_from:         # what a reader drops of a killed run's last rows
-            attrs["resumed_at_wall_s"] = self.restored["wall_s"]
-        run_dir = Path(cfg.resolved_run_dir())
-        old = log_segments(run_dir)
-        if old and not self.resumed_from:
-            # --resume auto found no checkpoint: the log is of an attempt that died before
-            # its first one.  Keep it, out of the way of this run's log.
-            aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
-            aside.mkdir()
-            for path in old:
-                os.replace(path, aside / path.name)
-            print(f"pal_hpc: no checkpoint to resume; the earlier attempt's metrics log "
-                  f"moved to {aside}", flush=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            log = open_run_log(run_dir, attrs, resume=bool(self.resumed_from),
-                               streams=self.streams)
-        for w in caught:
-            print(f"pal_hpc: warning: {w.message}", flush=True)
-        return log
+        return open_job_log(cfg, layout, self.hosts,
+                            self.restored["wall_s"] if self.resumed_from else None,
+                            self.streams)
 
     def _system_row(self, force: bool = False) -> None:
         """About every 2 s (and once at the end): this rank's throughput, replay fill,

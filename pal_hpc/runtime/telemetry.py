@@ -9,12 +9,17 @@ and an end marker, and rank 0 drains until it has heard from everyone.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+import warnings
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
+from pal_hpc.config import config_to_dict
+from pal_hpc.io.metrics import MetricsLog, log_segments, open_run_log, run_attributes
 from pal_hpc.io.rundir import DISK_MARGIN, free_bytes
 from pal_hpc.io.schema import STREAMS
 
@@ -196,6 +201,35 @@ class Telemetry:
             if rows:
                 self._to_log(name, np.array(rows, dtype=self.streams[name]))
             rows.clear()
+
+
+def open_job_log(cfg, layout: dict, hosts: list[str], resumed_at_wall_s: float | None,
+                 streams: dict) -> MetricsLog:
+    """Rank 0: open the run's metrics log, its attributes holding the config, `layout`,
+    the hosts and the MPI library.  A resumed run (`resumed_at_wall_s`: the checkpoint's
+    wall time, from which a reader drops a killed run's later rows) goes on in its log.
+    A fresh one finding old segments -- `--resume auto` found no checkpoint, so they are
+    an attempt that died before its first -- moves them aside, out of this run's way."""
+    attrs = run_attributes(config_to_dict(cfg), layout, hosts,
+                           MPI.Get_library_version().strip())
+    if resumed_at_wall_s is not None:
+        attrs["resumed_at_wall_s"] = resumed_at_wall_s
+    run_dir = Path(cfg.resolved_run_dir())
+    old = log_segments(run_dir)
+    if old and resumed_at_wall_s is None:
+        aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for path in old:
+            os.replace(path, aside / path.name)
+        print(f"pal_hpc: no checkpoint to resume; the earlier attempt's metrics log "
+              f"moved to {aside}", flush=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        log = open_run_log(run_dir, attrs, resume=resumed_at_wall_s is not None,
+                           streams=streams)
+    for w in caught:
+        print(f"pal_hpc: warning: {w.message}", flush=True)
+    return log
 
 
 def percentile_ms(samples: list[float], q: float) -> float:
