@@ -66,3 +66,13 @@ def reject(comm, message: str, code: int = 2, grace: float = GRACE_S) -> NoRetur
         abort_job(code, message)
     time.sleep(grace)           # rank 0 is ending the job; this is only a fallback
     abort_job(code)
+
+
+def injected_fault_after(rank: int) -> float | None:
+    """PAL_HPC_INJECT_FAULT="RANK:SECONDS" makes that rank raise after that long in the
+    loop: how the tests prove that one failing rank ends the whole job."""
+    spec = os.environ.get("PAL_HPC_INJECT_FAULT", "")
+    if not spec:
+        return None
+    target, _, after = spec.partition(":")
+    return float(after or 0) if int(target) == rank else None

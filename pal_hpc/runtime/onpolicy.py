@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -53,7 +52,7 @@ from pal_hpc.io.rundir import claim_run_dir
 from pal_hpc.io.schema import streams_for
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
-from pal_hpc.runtime.abort import JobError
+from pal_hpc.runtime.abort import JobError, injected_fault_after
 from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
@@ -217,7 +216,7 @@ class OnPolicyRun(Checkpointing, Summary):
             self.coord = OnPolicyCoordinator(cfg, self.start, self.restored.get("evals"),
                                              self.telemetry, self.times)
             self._announce()
-        fault_after = _fault_injection(self.world.Get_rank())
+        fault_after = injected_fault_after(self.world.Get_rank())
         t_max, n = acfg.t_max, self.num_envs
         shape = self.obs_space.shape
         dtype = np.uint8 if self.obs_space.dtype == np.uint8 else np.float32
@@ -594,16 +593,6 @@ class OnPolicyRun(Checkpointing, Summary):
         if self.world.Get_rank() == 0:
             print(f"pal_hpc: resumed from {path} (update {self.algo.updates}, "
                   f"{self.restored['global_base']:,} env steps)", flush=True)
-
-
-def _fault_injection(rank: int):
-    """PAL_HPC_INJECT_FAULT="RANK:SECONDS" makes that rank (a master) raise after that
-    long in the loop (see `runtime.run`)."""
-    spec = os.environ.get("PAL_HPC_INJECT_FAULT", "")
-    if not spec:
-        return None
-    target, _, after = spec.partition(":")
-    return float(after or 0) if int(target) == rank else None
 
 
 def train_on_policy(cfg, topo) -> int:

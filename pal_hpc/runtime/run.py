@@ -13,7 +13,6 @@ writes the summary.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import numpy as np
@@ -30,7 +29,7 @@ from pal_hpc.io.schema import streams_for
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
-from pal_hpc.runtime.abort import JobError
+from pal_hpc.runtime.abort import JobError, injected_fault_after
 from pal_hpc.runtime.actor import Actor
 from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
@@ -41,16 +40,6 @@ from pal_hpc.runtime.nstep import transition_spec
 from pal_hpc.runtime.preflight import check_replay_fits
 from pal_hpc.runtime.summary import Summary
 from pal_hpc.runtime.telemetry import Telemetry, open_job_log, percentile_ms, rss_mb
-
-
-def _fault_injection(rank: int):
-    """PAL_HPC_INJECT_FAULT="RANK:SECONDS" makes that rank raise after that long in the
-    loop: how the tests prove that one failing rank ends the whole job."""
-    spec = os.environ.get("PAL_HPC_INJECT_FAULT", "")
-    if not spec:
-        return None
-    target, _, after = spec.partition(":")
-    return float(after or 0) if int(target) == rank else None
 
 
 class RankRun(Checkpointing, Summary):
@@ -152,7 +141,7 @@ class RankRun(Checkpointing, Summary):
             self.coord = Coordinator(self.cfg, self.start, self.restored.get("evals"),
                                      self.telemetry)
             self._announce()
-        fault_after = _fault_injection(self.world.Get_rank())
+        fault_after = injected_fault_after(self.world.Get_rank())
         while True:
             if fault_after is not None and time.monotonic() - self.start > fault_after:
                 raise RuntimeError(f"injected fault on rank {self.world.Get_rank()} "
