@@ -14,7 +14,8 @@ Runs are grouped by (algorithm, environment).  A run counts as solved at its con
 Plots written into --out (default: the run's directory for one run, ./analysis for
 several), in a subdirectory per group when there are several groups:
 learning_curve_steps.png, learning_curve_wall.png, throughput.png, and scaling.png when
-the group's runs have at least two different rank counts.
+the group's runs have at least two different rank counts (with the planner's prediction
+beside each run that was planned at start-up, `--actors-per-node auto`).
 """
 
 from __future__ import annotations
@@ -157,7 +158,29 @@ def run_stats(run: Run, threshold: float | None) -> dict:
         "complete": run.summary is not None,
         "segments": len(m.get("segments", [None])),
         "unreadable": [p.name for p in m.get("unreadable", {})],
+        "onpolicy": onpolicy_layout(run),
+        "predicted": planned_rates(summary),
     }
+
+
+def onpolicy_layout(run: Run) -> tuple[int, int] | None:
+    """(masters, env workers) of an on-policy (PAAC) run, from its log's layout; None
+    for a run of actors and learners."""
+    layout = run.metrics["attrs"].get("layout")
+    if isinstance(layout, dict) and "masters" in layout:
+        return int(layout["masters"]), int(layout.get("env_workers") or 0)
+    return None
+
+
+def planned_rates(summary: dict) -> dict:
+    """The start-up planner's prediction (runs with --actors/--learners-per-node auto),
+    under the keys of the measured throughputs it predicts; {} without a plan."""
+    plan = summary.get("plan")
+    if not isinstance(plan, dict) or "env_steps_per_s" not in plan:
+        return {}
+    return {"actor_env_steps_per_s": float(plan["env_steps_per_s"]),
+            "learner_updates_per_s": float(plan["gradient_batches_per_s"]),
+            "split": str(plan.get("describe", ""))}
 
 
 def _fmt(value, spec: str, unit: str = "") -> str:
@@ -168,6 +191,18 @@ def _fmt(value, spec: str, unit: str = "") -> str:
 
 def _ranks(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def _onpolicy_rows(stats: dict) -> list[tuple[str, str]]:
+    """Throughput rows of an on-policy run: its masters log the system rows (each its
+    node's env steps/s and its updates/s), its env workers none; there is no replay."""
+    masters, workers = stats["onpolicy"]
+    who = f"{masters} master{'s' * (masters != 1)}, {workers} env worker{'s' * (workers != 1)}"
+    return [(f"env steps/s ({who})", _fmt(stats["actor_env_steps_per_s"], ",.1f")),
+            # Masters update in lockstep, each on its node's rollout: summed, this
+            # counts the gradient batches computed per second over the job.
+            (f"master gradient batches/s ({masters} master{'s' * (masters != 1)})",
+             _fmt(stats["learner_updates_per_s"], ",.1f"))]
 
 
 def format_table(run: Run, stats: dict, threshold: float | None) -> str:
@@ -184,6 +219,8 @@ def format_table(run: Run, stats: dict, threshold: float | None) -> str:
         ("best eval return", _fmt(stats["best_eval_return"], ".1f")),
         (f"env steps to {target}", _fmt(stats["steps_to_threshold"], ",d")),
         (f"seconds to {target}", _fmt(stats["seconds_to_threshold"], ".1f", " s")),
+    ]
+    rows += _onpolicy_rows(stats) if stats.get("onpolicy") else [
         (f"actor env steps/s ({_ranks(stats['actor_ranks'])})",
          _fmt(stats["actor_env_steps_per_s"], ",.1f")),
         # Learners step in lockstep, each on its own batch: summed, this counts the
@@ -193,6 +230,11 @@ def format_table(run: Run, stats: dict, threshold: float | None) -> str:
         ("final replay fill", _fmt(None if stats["final_replay_fill"] is None
                                    else 100 * stats["final_replay_fill"], ".1f", "%")),
     ]
+    plan = stats.get("predicted") or {}
+    if plan:
+        rows.append(("planner's prediction", f"{plan['actor_env_steps_per_s']:,.1f} env "
+                     f"steps/s, {plan['learner_updates_per_s']:,.1f} gradient batches/s "
+                     f"({plan['split']})"))
     if stats["segments"] > 1 or stats["unreadable"]:
         skipped = f" ({len(stats['unreadable'])} unreadable: " \
                   f"{', '.join(stats['unreadable'])})" if stats["unreadable"] else ""
@@ -278,7 +320,8 @@ def plot_throughput(runs: list[Run], path: Path) -> None:
 
 def plot_scaling(runs: list[Run], stats: list[dict], path: Path) -> None:
     """Mean throughput against rank count, one point per run, with linear scaling from
-    the smallest run for reference."""
+    the smallest run for reference and, for runs planned at start-up, the planner's
+    prediction."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, key, label in ((axes[0], "actor_env_steps_per_s", "env steps/s (actors)"),
@@ -294,6 +337,11 @@ def plot_scaling(runs: list[Run], stats: list[dict], path: Path) -> None:
             lin = np.array(sorted(set(xs)), dtype=float)
             ax.set_xticks(lin)
             ax.plot(lin, ys[0] * lin / xs[0], "--", color="grey", label="linear scaling")
+        predicted = sorted((s["ranks"], s["predicted"][key]) for s in stats
+                           if s["ranks"] and key in (s.get("predicted") or {}))
+        if predicted:
+            ax.plot([p[0] for p in predicted], [p[1] for p in predicted], "x",
+                    markersize=9, color="tab:red", label="planner's prediction")
         ax.set_xlabel("ranks")
         ax.set_ylabel(label)
         ax.set_title(f"Scaling: {label}")

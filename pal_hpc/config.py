@@ -28,6 +28,10 @@ MAX_SEED = 2**32 - 1
 # Above this, actors could only insert about one transition per million samples: the
 # rate limiter would all but stop them (infinity stops them for good).
 MAX_REPLAY_RATIO = 1e6
+# actors_per_node / learners_per_node: a count, a fraction, 0 (the fixed default split)
+# or AUTO (the planner, pal_hpc.plan, picks the split at start-up).
+AUTO = "auto"
+PerNode = float | str
 
 
 class ConfigError(ValueError):
@@ -65,12 +69,16 @@ class Config:
                                 "deleting its metrics log, checkpoints and summary")
 
     # Layout of ranks.
-    actors_per_node: float = _f(0.0, "actor ranks per node: 0 = auto (the ranks left after "
-                                   "the learners), an integer >= 1 = that many, 0 < x < 1 = "
-                                   "that fraction of the node's ranks")
-    learners_per_node: float = _f(0.0, "learner ranks per node: 0 = auto (1 per 4 ranks, at "
-                                     "least 1), an integer >= 1 = that many, 0 < x < 1 = that "
-                                     "fraction of the node's ranks")
+    actors_per_node: PerNode = _f(0.0, "actor ranks per node: 0 = the ranks left after the "
+                                       "learners, an integer >= 1 = that many, 0 < x < 1 = "
+                                       "that fraction of the node's ranks, auto = the "
+                                       "planner's choice (python -m pal_hpc.plan)")
+    learners_per_node: PerNode = _f(0.0, "learner ranks per node: 0 = 1 per 4 ranks (at least "
+                                         "1), an integer >= 1 = that many, 0 < x < 1 = that "
+                                         "fraction of the node's ranks, auto = the split that "
+                                         "a few seconds of measurement at start-up predict "
+                                         "fastest (off-policy algorithms; see "
+                                         "python -m pal_hpc.plan)")
     ranks_per_node: int = _f(0, "0 = use the real nodes; k > 0 = split each real node into "
                                 "virtual nodes of k ranks (each with its own replay buffer)")
     device: str = _f("auto", "learner device: auto = CUDA when available, else CPU",
@@ -190,16 +198,24 @@ class Config:
             f"must be a power of two in [2, {MAX_FANOUT}]")
         check_per_node("actors_per_node", self.actors_per_node)
         check_per_node("learners_per_node", self.learners_per_node)
+        for name in ("actors_per_node", "learners_per_node"):
+            req(name, getattr(self, name) != AUTO or not getattr(Algo, "on_policy", False),
+                f"auto plans actors and learners for the off-policy algorithms; --algo "
+                f"{self.algo} runs one master per node and makes the other ranks "
+                f"environment workers (leave it 0)")
 
 
-def check_per_node(name: str, value: float) -> None:
-    """A per-node rank count: 0 (auto), a fraction in (0, 1), or an integer >= 1."""
+def check_per_node(name: str, value: float | str) -> None:
+    """A per-node rank count: "auto" (the planner's), 0 (the default split), a fraction
+    in (0, 1), or an integer >= 1."""
+    if value == AUTO:
+        return
     ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
           and math.isfinite(value)
           and (value == 0 or 0 < value < 1 or (value >= 1 and float(value).is_integer())))
     if not ok:
-        raise ConfigError(f"{name}: must be 0 (auto), a fraction in (0, 1) or an integer "
-                          f">= 1, got {value!r}")
+        raise ConfigError(f"{name}: must be auto, 0 (the default split), a fraction in "
+                          f"(0, 1) or an integer >= 1, got {value!r}")
 
 
 def _require(cfg: Config, name: str, ok: bool, what: str) -> None:
@@ -290,6 +306,13 @@ def _check_type(name: str, tp: Any, value: Any) -> Any:
     """Return `value` as the field's type (int -> float is the only conversion), or raise."""
     if value is None and _is_optional(tp):
         return None
+    if tp == PerNode:                 # a number, or a word that validate() checks
+        if isinstance(value, str):
+            return value
+        if _is_int(value) or isinstance(value, float):
+            return float(value)
+        raise ConfigError(f"{name}: expected a number or \"{AUTO}\", got {value!r} "
+                          f"({type(value).__name__})")
     base = _base_type(tp)
     if base is bool and isinstance(value, bool):
         return value
@@ -405,12 +428,22 @@ def _optional_float(text: str) -> float | None:
     return float(text)
 
 
+def _per_node_arg(text: str) -> float | str:
+    """A number, or the word as given (validate() names the field if it is not auto)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip()
+
+
 def _add_flag(parser, name: str, tp: Any, help_text: str, metadata: dict) -> None:
     flag = "--" + name.replace("_", "-")
     kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
                           "help": help_text.replace("%", "%%")}
     base = _base_type(tp)
-    if base is bool:
+    if tp == PerNode:
+        kw.update(type=_per_node_arg, metavar=f"X|{AUTO}")
+    elif base is bool:
         kw["action"] = argparse.BooleanOptionalAction
     elif base is list:
         kw.update(nargs="+", type=int, metavar="N")

@@ -93,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
 
         from pal_hpc.cluster.topology import build_topology, uneven_nodes_note
+        from pal_hpc.plan import plan_at_startup
         from pal_hpc.runtime.run import train
 
-        topo = build_topology(world, cfg)
+        plan = plan_at_startup(world, cfg)     # None unless a per-node count is auto
+        topo = build_topology(world, cfg, plan)
         note = uneven_nodes_note(topo.node_sizes, cfg.ranks_per_node)
         if rank == 0 and note:
             print(note, flush=True)

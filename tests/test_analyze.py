@@ -26,11 +26,11 @@ CARTPOLE = {"algo": "dqn", "env": "CartPole-v1", "target_return": 475.0}
 
 
 def write_run(run_dir, ranks, roles, eval_returns, steps_per_s, system, summary=None,
-              learner_steps=None, config=CARTPOLE):
+              learner_steps=None, config=CARTPOLE, extra_layout=None):
     """A run with evaluations every 5,000 env steps (wall = steps / steps_per_s) and the
     given system rows (wall_s, rank, env_steps_per_s, updates_per_s, replay_fill).
     Returns the open MetricsLog when there is no summary (a run in progress)."""
-    layout = {"ranks": ranks, "roles": roles}
+    layout = {"ranks": ranks, "roles": roles, **(extra_layout or {})}
     log = MetricsLog(run_dir / "metrics.h5", {"layout": layout, "config": config,
                                               "hosts": ["n1"], "mpi_library": "MPICH"})
     steps = 5000 * np.arange(1, len(eval_returns) + 1)
@@ -260,6 +260,42 @@ def test_runs_grouped_by_algo_and_env_each_with_its_own_threshold(runs, tmp_path
     assert tables["r1"]["env steps to 475"] == "35,000"
 
 
+def planned_run(run_dir, ranks, plan=None):
+    """An Acrobot run of `ranks` ranks (500 env steps/s per actor rank), with the
+    start-up planner's prediction in its summary when `plan` is given."""
+    summary = {"env_steps": 20000, "wall_s": 20.0, "ranks": ranks}
+    if plan is not None:
+        summary["plan"] = plan
+    write_run(run_dir, ranks, [3] + [1] * (ranks - 1), [-400, -200, -100, -90], 1000,
+              [(1.0 * k, r, 500.0, 50.0 * (r == 0), 0.5) for k in range(1, 5)
+               for r in range(ranks)],
+              summary=summary, config={"algo": "dqn", "env": "Acrobot-v1"})
+
+
+def red_pixels(img) -> int:
+    """Pixels of matplotlib's tab:red (214, 39, 40), the predictions' markers."""
+    rgb = (img[..., :3] * 255).astype(int)
+    return int((np.abs(rgb - [214, 39, 40]).max(axis=-1) < 30).sum())
+
+
+def test_scaling_plot_shows_the_planners_prediction(tmp_path):
+    plan = lambda s, g: {"env_steps_per_s": s, "gradient_batches_per_s": g,  # noqa: E731
+                         "describe": "1 learner + 1 actor per node", "learners": 1}
+    planned, plain = tmp_path / "planned", tmp_path / "plain"
+    planned_run(planned / "p1", 1, plan(450.0, 40.0))
+    planned_run(planned / "p2", 2, plan(620.5, 55.0))
+    planned_run(plain / "q1", 1)
+    planned_run(plain / "q2", 2)
+    tables = analyze_cli(planned / "p1", planned / "p2", "--out", planned / "out")
+    assert tables["p2"]["planner's prediction"] == \
+        "620.5 env steps/s, 55.0 gradient batches/s (1 learner + 1 actor per node)"
+    with_plan = check_png(planned / "out" / "scaling.png")
+    tables = analyze_cli(plain / "q1", plain / "q2", "--out", plain / "out")
+    assert "planner's prediction" not in tables["q2"]
+    without = check_png(plain / "out" / "scaling.png")
+    assert red_pixels(with_plan) > 50 and red_pixels(without) == 0
+
+
 def test_read_only_run_dir(runs, tmp_path):
     run = tmp_path / "ro"
     shutil.copytree(runs["r1"], run)
@@ -349,3 +385,22 @@ def test_segmented_run_is_analysed_as_one_run(tmp_path):
     assert tables["seg"]["evaluations"] == "2"
     assert tables["seg"]["log segments"] == "2 (1 unreadable: metrics.h5)"
     assert f"warning: metrics log segment {run}/metrics.h5 skipped: truncated" in res.stderr
+
+
+def test_paac_run_is_labelled_masters_and_env_workers(tmp_path):
+    """An on-policy (PAAC) run: its log's layout names masters and env workers; only the
+    master writes system rows (role 3, no replay), so the table shows the job's env
+    steps/s and gradient batches/s under those names, with no actor, learner or replay
+    rows."""
+    run = tmp_path / "paac"
+    write_run(run, 4, [3, 1, 1, 1], [-21.0, -20.5, -19.0], 1000,
+              [(5.0 * k, 0, wiggle(k, 900, 50), wiggle(k, 5.5, 0.5), np.nan)
+               for k in range(1, 9)],
+              summary={"env_steps": 15000, "wall_s": 15.2, "final_eval_return": -19.0,
+                       "best_eval_return": -19.0, "ranks": 4},
+              config={"algo": "paac", "env": "ALE/Pong-v5", "target_return": None},
+              extra_layout={"masters": 1, "env_workers": 3, "num_envs": [33]})
+    table = analyze_cli(run, "--out", tmp_path / "out")["paac"]
+    assert table["env steps/s (1 master, 3 env workers)"] == "900.0"
+    assert table["master gradient batches/s (1 master)"] == "5.5"
+    assert not [k for k in table if "actor" in k or "learner" in k or "replay" in k], table

@@ -40,7 +40,7 @@ def _check_invariants(roles, node_sizes):
     ([1], 1, 1, "S"),                          # counts cannot split a 1-rank node
     ([2], 0, 0, "LA"),
     ([3], 0, 0, "LAA"),
-    ([4], 0, 0, "LAAA"),                       # mpiexec -n 4, auto
+    ([4], 0, 0, "LAAA"),                       # mpiexec -n 4, the default split
     ([5], 0, 0, "LAAAA"),                      # 5/4 rounds to 1
     ([6], 0, 0, "LLAAAA"),                     # 6/4 = 1.5 rounds half up to 2
     ([8], 0, 0, "LLAAAAAA"),
@@ -138,8 +138,8 @@ def test_non_contiguous_nodes():
     ([4], 1, 1, r"^actors_per_node: 1 learner \+ 1 actor leave 2 of node 0's 4 ranks "
                 r"without a role"),
     ([8], 0.25, 0.25, r"^actors_per_node: .* leave 4 of node 0's 8 ranks"),
-    ([4], -1, 0, r"^actors_per_node: must be 0 \(auto\), a fraction"),
-    ([4], 0, 1.5, r"^learners_per_node: must be 0 \(auto\), a fraction"),
+    ([4], -1, 0, r"^actors_per_node: must be auto, 0 \(the default split\), a fraction"),
+    ([4], 0, 1.5, r"^learners_per_node: must be auto, 0 \(the default split\), a fraction"),
     ([1], 0, -2, r"^learners_per_node: "),  # checked even where the node is solo
 ])
 def test_bad_counts_name_the_field(node_sizes, actors, learners, pattern):

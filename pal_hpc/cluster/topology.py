@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pal_hpc.config import ConfigError, check_per_node
+from pal_hpc.config import AUTO, ConfigError, check_per_node
 
 if TYPE_CHECKING:  # keep this module importable (and the pure part testable) cheaply
     import torch
@@ -64,12 +64,14 @@ def _resolve(value: float, size: int) -> int | None:
     return int(value)
 
 
-def node_counts(node: int, size: int, actors_per_node: float = 0,
-                learners_per_node: float = 0) -> tuple[int, int]:
+def node_counts(node: int, size: int, actors_per_node: float | str = 0,
+                learners_per_node: float | str = 0,
+                split: dict[int, tuple[int, int]] | None = None) -> tuple[int, int]:
     """(learners, actors) on node `node` of `size` ranks; (1, 1) for a 1-rank node (solo).
 
-    Auto (0) for one count fills the node's ranks left by the other; both auto gives
-    1 learner up to 4 ranks, else one per 4 ranks (rounded half up), and actors the rest.
+    0 for one count fills the node's ranks left by the other; both 0 gives 1 learner
+    up to 4 ranks, else one per 4 ranks (rounded half up), and actors the rest.  When
+    a count is "auto", `split` (the planner's {node size: (learners, actors)}) decides.
     Every rank must get a role; raises `ConfigError` naming the field otherwise.
     """
     check_per_node("actors_per_node", actors_per_node)
@@ -78,6 +80,15 @@ def node_counts(node: int, size: int, actors_per_node: float = 0,
         raise ValueError(f"node {node} has {size} ranks")
     if size == 1:
         return 1, 1
+    if AUTO in (actors_per_node, learners_per_node):
+        if split is None or size not in split:
+            raise ValueError(f"node {node} of {size} ranks: a per-node count is auto, but "
+                             f"the planner's split {split} has no entry for that size")
+        learners, actors = split[size]
+        if learners < 1 or actors < 1 or learners + actors != size:
+            raise ValueError(f"node {node} of {size} ranks: the planner's split gives "
+                             f"{_n(learners, 'learner')} and {_n(actors, 'actor')}")
+        return learners, actors
     learners = _resolve(learners_per_node, size)
     actors = _resolve(actors_per_node, size)
     # Name the field the user actually set (learners when both or neither were set).
@@ -95,16 +106,17 @@ def node_counts(node: int, size: int, actors_per_node: float = 0,
     if learners + actors < size:
         raise ConfigError(f"actors_per_node: {_n(learners, 'learner')} + {_n(actors, 'actor')} "
                           f"leave {size - learners - actors} of node {node}'s {size} ranks "
-                          "without a role; set one of the two counts to 0 (auto)")
+                          "without a role; set one of the two counts to 0 (the rest) or auto")
     return learners, actors
 
 
-def roles_for_layout(layout: list[tuple[int, int]], actors_per_node: float = 0,
-                     learners_per_node: float = 0) -> list[RankRole]:
+def roles_for_layout(layout: list[tuple[int, int]], actors_per_node: float | str = 0,
+                     learners_per_node: float | str = 0,
+                     split: dict[int, tuple[int, int]] | None = None) -> list[RankRole]:
     """Roles from `layout[world_rank] = (node, local_rank)`; nodes need not be contiguous.
 
     Node ids must be 0..n-1 and each node's local ranks 0..size-1.  On a node, the first
-    `learners` local ranks learn and the rest act.
+    `learners` local ranks learn and the rest act.  `split`: see `node_counts`.
     """
     sizes: dict[int, int] = {}
     for node, _ in layout:
@@ -118,7 +130,7 @@ def roles_for_layout(layout: list[tuple[int, int]], actors_per_node: float = 0,
         if sorted(seen) != list(range(sizes[node])):
             raise ValueError(f"node {node}: local ranks must be 0..{sizes[node] - 1}, "
                              f"got {sorted(seen)}")
-    counts = {node: node_counts(node, size, actors_per_node, learners_per_node)
+    counts = {node: node_counts(node, size, actors_per_node, learners_per_node, split)
               for node, size in sorted(sizes.items())}
 
     roles = []
@@ -144,14 +156,15 @@ def roles_for_layout(layout: list[tuple[int, int]], actors_per_node: float = 0,
     return roles
 
 
-def assign_roles(world_size: int, node_sizes: list[int], actors_per_node: float = 0,
-                 learners_per_node: float = 0) -> list[RankRole]:
+def assign_roles(world_size: int, node_sizes: list[int], actors_per_node: float | str = 0,
+                 learners_per_node: float | str = 0,
+                 split: dict[int, tuple[int, int]] | None = None) -> list[RankRole]:
     """Roles of all `world_size` ranks; `node_sizes` are contiguous world-rank ranges in order."""
     if any(s < 1 for s in node_sizes) or sum(node_sizes) != world_size:
         raise ValueError(f"node sizes {node_sizes} must be >= 1 and sum to the world size "
                          f"{world_size}")
     layout = [(node, local) for node, size in enumerate(node_sizes) for local in range(size)]
-    return roles_for_layout(layout, actors_per_node, learners_per_node)
+    return roles_for_layout(layout, actors_per_node, learners_per_node, split)
 
 
 def node_sizes_for(world_size: int, ranks_per_node: int) -> list[int]:
@@ -187,6 +200,7 @@ class Topology:
     `node` is the shared-memory communicator of this rank's (real or virtual) node,
     ordered by world rank; `learners` holds every learner rank of the job (ordered by
     world rank, so its rank is `me.learner_index`) or is `MPI.COMM_NULL` on pure actors.
+    `plan` is the start-up planner's decision when a per-node count was auto, else None.
     """
 
     world: MPI.Comm
@@ -196,6 +210,7 @@ class Topology:
     me: RankRole
     n_nodes: int
     _freed: bool = field(default=False, repr=False)
+    plan: dict | None = field(default=None, repr=False)
 
     @property
     def node_sizes(self) -> list[int]:
@@ -227,14 +242,18 @@ class Topology:
         self.node.Free()
 
 
-def build_topology(world: MPI.Comm, cfg: Config) -> Topology:
+def build_topology(world: MPI.Comm, cfg: Config, plan: dict | None = None) -> Topology:
     """Collectively split `world` into nodes and learners and assign every rank its role.
 
     Real nodes come from `Split_type(COMM_TYPE_SHARED)`; with `cfg.ranks_per_node = k > 0`
     each real node is cut into virtual nodes of k consecutive local ranks.  Nodes are
     numbered by their lowest world rank; they need not be contiguous rank ranges.
-    A bad layout raises the same `ConfigError` on every rank.
+    A bad layout raises the same `ConfigError` on every rank.  `plan` (from
+    `pal_hpc.plan.plan_at_startup`, the same on every rank) decides the "auto" counts:
+    its "split" maps a node size to [learners, actors].
     """
+    split = ({int(size): tuple(counts) for size, counts in plan["split"].items()}
+             if plan else None)
     from mpi4py import MPI
 
     rank = world.Get_rank()
@@ -249,14 +268,14 @@ def build_topology(world: MPI.Comm, cfg: Config) -> Topology:
         table = world.allgather((leader, node.Get_rank()))
         node_of_leader = {lead: i for i, lead in enumerate(sorted({lead for lead, _ in table}))}
         layout = [(node_of_leader[lead], local) for lead, local in table]
-        roles = roles_for_layout(layout, cfg.actors_per_node, cfg.learners_per_node)
+        roles = roles_for_layout(layout, cfg.actors_per_node, cfg.learners_per_node, split)
     except BaseException:
         node.Free()
         raise
     me = roles[rank]
     learners = world.Split(color=0 if me.is_learner else MPI.UNDEFINED, key=rank)
     return Topology(world=world, node=node, learners=learners, roles=roles, me=me,
-                    n_nodes=len(node_of_leader))
+                    n_nodes=len(node_of_leader), plan=plan)
 
 
 def pick_device(cfg_device: str, local_learner_index: int) -> torch.device:

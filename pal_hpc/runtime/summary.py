@@ -69,10 +69,13 @@ class Summary:
                             signals.WORK_LEFT_EXIT if coord.work_left else 0),
             "evaluations": coord.evals,
         }
+        if getattr(self.topo, "plan", None):    # --actors/--learners-per-node auto
+            from pal_hpc.plan import beside_run
+            summary["plan"] = beside_run(self.topo.plan, summary)
         run_dir = Path(cfg.resolved_run_dir())
         _write_json(run_dir / "config.json", config_to_dict(cfg))
         _write_json(run_dir / "summary.json", summary)
-        short = {k: v for k, v in summary.items() if k != "evaluations"}
+        short = {k: v for k, v in summary.items() if k not in ("evaluations", "plan")}
         print("summary: " + json.dumps(short), flush=True)
         return summary
 
