@@ -28,7 +28,7 @@ What is measured (median over repetitions of CPU time, this process alone)
   per env step) and to u once per phase; and w, the share of a core a sleeping rank
   uses waking every millisecond to poll (CPU per wake-up / its wall time).
 - r(L): wall seconds one phase's Allreduce of the flat gradient takes among L learners
-  when each polls it as the runtime's learner does (Test, else sleep 1 ms): measured
+  when each polls it as the runtime's learner does (Test, else a 20 us sleep): measured
   for the learner counts the candidates need, among the job's own ranks at start-up
   (learners spread over the nodes as the roles will be) or a helper `mpiexec` job in
   the CLI.  Between measured counts it is interpolated in log2(L).
@@ -97,11 +97,13 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from pal_hpc.config import AUTO, ConfigError
+# How long an idle rank sleeps, and one whose learner waits for an Allreduce.
+from pal_hpc.runtime.run import IDLE_SLEEP as SLEEP_S
+from pal_hpc.runtime.run import REDUCING_SLEEP
 
 KINDS = ("learners", "actors", "cores")     # bottleneck names, in tie order
 TIE = 0.05            # relative: predictions this close are equal (measurement noise)
 STEADY_STEPS = 1e12                         # global steps: past every exploration schedule
-SLEEP_S = 0.001                             # an idle rank's sleep (runtime.run)
 MAX_SPLITS = 200_000
 
 
@@ -627,7 +629,7 @@ def measure_sync(comm, counts: list[int], floats: int, order: list[int] | None =
                  reps: int = 8) -> dict[int, float]:
     """Collective over `comm`: for each L in `counts`, the first L ranks of `order`
     (default: by rank) post `reps` Iallreduces of `floats` float32 and poll each as a
-    learner does (Test, else sleep 1 ms); the others sleep meanwhile.  Returns, on
+    learner does (Test, else a short sleep); the others sleep meanwhile.  Returns, on
     rank 0 of `comm` (which must be first in `order`), {L: the slowest member's median
     seconds per Allreduce}; {} elsewhere."""
     from mpi4py import MPI
@@ -652,7 +654,7 @@ def measure_sync(comm, counts: list[int], floats: int, order: list[int] | None =
                 t0 = time.perf_counter()
                 req = sub.Iallreduce(send, recv, op=MPI.SUM)
                 while not req.Test():
-                    time.sleep(SLEEP_S)
+                    time.sleep(REDUCING_SLEEP)
                 times.append(time.perf_counter() - t0)
             sub.Free()
             median = statistics.median(times[1:])
@@ -844,7 +846,7 @@ def format_plan(plan: dict, title: str) -> str:
              f"{us(inp['forward_s'])}, replay insert {us(inp['insert_s'])}/transition",
              f"  a = actor per env step {us(inp['actor_step_s'])};  u = learner update "
              f"{us(inp['update_s'])} ({inp['phases_per_update']:g} phase(s), {inp['device']})",
-             f"  r = Allreduce per phase (wall, learners polling with 1 ms sleeps): {sync}",
+             f"  r = Allreduce per phase (wall, learners polling it every 20 us): {sync}",
              f"  cores: {', '.join(f'{c:g}' for c in inp['host_cores'])} (os.sched_getaffinity)"
              f";  batch {inp['batch_size']}, replay ratio {inp['replay_ratio']:g}",
              f"  other programs: {', '.join(f'{x:.1f}' for x in inp['host_others'])} busy "

@@ -59,6 +59,11 @@ class Learner:
         if self.weights is not None:
             self.weights.publish(self.algo.policy_params())
 
+    @property
+    def reducing(self) -> bool:
+        """A phase's Allreduce is in flight: it only progresses while this rank polls."""
+        return self._req is not None
+
     def ready(self) -> bool:
         """Rate limit (learner side): enough data, and no more sampled from this node's
         replay than replay_ratio times what was inserted."""

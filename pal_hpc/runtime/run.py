@@ -42,6 +42,10 @@ from pal_hpc.runtime.summary import Summary
 from pal_hpc.runtime.telemetry import Telemetry, open_job_log, percentile_ms, rss_mb
 
 
+IDLE_SLEEP = 0.001          # seconds an idle rank sleeps between loop turns
+REDUCING_SLEEP = 0.00002    # ... while its learner waits for an Allreduce
+
+
 class RankRun(Checkpointing, Summary):
     """What one rank builds for its role(s), its loop, and the wind-down."""
 
@@ -159,7 +163,11 @@ class RankRun(Checkpointing, Summary):
             if self.stats.stopping and (self.learner is None or self.learner.done):
                 break
             if not did:
-                time.sleep(0.001)        # idle: give the core to a rank that has work
+                # Idle: give the core to a rank that has work.  An Allreduce in flight
+                # moves only while its learners poll it, so they poll it often (at a
+                # 1 ms sleep, two learners' reduction of a 270 KB gradient took 5.5 ms).
+                time.sleep(REDUCING_SLEEP if self.learner is not None and self.learner.reducing
+                           else IDLE_SLEEP)
         return self._wind_down()
 
     def _checkpoint_pending(self) -> bool:
