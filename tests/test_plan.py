@@ -153,42 +153,51 @@ def test_bad_splits_are_refused():
 
 # -- choosing ---------------------------------------------------------------------------
 
-def pred(learners, s, unlimited):
-    return Prediction((learners,), (8 - learners,), s, s, s, "cores", unlimited)
+def pred(learners, updates, s, unlimited):
+    return Prediction((learners,), (8 - learners,), s, updates, updates * learners, "cores",
+                      unlimited)
 
 
-def test_recommend_takes_the_fastest_then_breaks_ties():
-    assert recommend([pred(1, 100, 100), pred(2, 200, 200)]).learners == (2,)
-    # Within TIE of the best: the most headroom with free cores wins...
-    near = 200 * (1 - TIE / 2)
-    assert recommend([pred(1, 200, 300), pred(2, near, 900), pred(3, 100, 5000)]
-                     ).learners == (2,)
+def test_recommend_takes_the_most_updates_then_breaks_ties():
+    # Most optimizer steps per second wins, even against more env steps/s...
+    assert recommend([pred(1, 100, 100, 100), pred(2, 60, 200, 200)]).learners == (1,)
+    assert recommend([pred(1, 50, 100, 100), pred(2, 80, 200, 200)]).learners == (2,)
+    # ...within TIE of the most updates/s: the most env steps/s, then the most with
+    # free cores...
+    near = 100 * (1 - TIE / 2)
+    assert recommend([pred(1, 100, 200, 300), pred(2, near, 250, 900)]).learners == (2,)
+    assert recommend([pred(1, 100, 200, 300), pred(2, near, 200, 900),
+                      pred(3, 50, 400, 5000)]).learners == (2,)
     # ...then fewer learners.
-    assert recommend([pred(3, 200, 900), pred(2, 200, 900)]).learners == (2,)
+    assert recommend([pred(3, 100, 200, 900), pred(2, 100, 200, 900)]).learners == (2,)
     with pytest.raises(ValueError):
         recommend([])
 
 
 def test_recommendation_on_a_realistic_machine():
-    """CartPole-like rates on 2 cores: the Allreduce of a 2nd learner costs more than
-    it brings, so 1 learner + 3 actors."""
-    rates = Rates(actor_step_s=4e-5, update_s=1.2e-3, sync_s=((2, 5.5e-3), (3, 10e-3)))
+    """CartPole-like rates on 2 cores: a 2nd learner's Allreduce slows every update
+    down, so 1 learner + 3 actors has the most updates/s."""
+    rates = Rates(actor_step_s=4e-5, update_s=1.2e-3, sync_s=((2, 0.6e-3), (3, 1.1e-3)))
     plan = make_plan(one_node(4, 2), rates, B, RATIO)
     assert plan["split"] == {"4": [1, 3]} and plan["bottleneck"] == "learners"
     assert plan["default"]["split"] == {"4": [1, 3]}
     assert [row["learners"] for row in plan["table"]] == [1, 2, 3]
+    one, two, three = plan["table"]
+    assert one["updates_per_s"] > two["updates_per_s"] > three["updates_per_s"]
+    assert three["env_steps_per_s"] > one["env_steps_per_s"]     # more env steps, fewer updates
     assert json.loads(json.dumps(plan)) == plan
-    # With a free Allreduce 2 and 3 learners both fill the 2 cores (a tie); 3 learners
-    # would be faster on free cores, so they win it.
-    free = make_plan(one_node(4, 2), dataclasses.replace(rates, sync_s=()), B, RATIO)
-    two, three = free["table"][1:]
-    assert two["bottleneck"] == three["bottleneck"] == "cores"
-    assert math.isclose(two["env_steps_per_s"], three["env_steps_per_s"])
-    assert free["split"] == {"4": [3, 1]} and free["bottleneck"] == "cores"
     # A fixed count leaves one candidate; a split from a checkpoint is kept.
     assert make_plan(one_node(4, 2), rates, B, RATIO, learners_per_node=2)["split"] == {
         "4": [2, 2]}
     assert make_plan(one_node(4, 2), rates, B, RATIO, forced=(3,))["split"] == {"4": [3, 1]}
+
+
+def test_actors_are_added_while_they_are_the_bottleneck():
+    """Expensive environments (Atari-like) on 8 free cores: actors limit, so the most
+    updates/s needs 1 learner and the rest actors."""
+    rates = Rates(actor_step_s=2e-3, update_s=1e-3)
+    plan = make_plan(one_node(8, 8), rates, B, RATIO)
+    assert plan["split"] == {"8": [1, 7]}
 
 
 def test_candidate_splits():
