@@ -56,6 +56,9 @@ bench: install
 	$(PY) bench/bench_lockstep.py $(ARGS)
 	$(PY) bench/bench_train.py $(ARGS)
 	$(PY) bench/bench_continuous.py $(ARGS)
+	$(PY) bench/bench_scaling.py $(ARGS)
+	$(PY) bench/bench_paac.py $(ARGS)
+	$(PY) bench/bench_paac_atari.py $(ARGS)
 
 bench-peers:
 	bash bench/install_peers.sh

@@ -1,0 +1,209 @@
+"""Time to solve CartPole-v1: PAAC under `mpiexec -n 4` beside Stable-Baselines3's A2C
+with rl-baselines3-zoo's CartPole-v1 hyperparameters (bench/peer_sb3_a2c.py, run in
+.venv-peers when it has stable_baselines3), seeds 0..K-1, one run at a time, both sides
+in this one run.
+
+Protocol, the same on both sides: up to --total-steps (500k, the zoo's n_timesteps) env
+steps; when the step counter first reaches a multiple of --eval-every (10k, PAAC's
+default) a greedy evaluation, the mean return of --eval-episodes (10) episodes on fresh
+environments seeded seed + 10**6 + env steps + i (a final one after the last step,
+seed + 2 * 10**6, counts too); the run stops at the first evaluation whose mean reaches
+--target (475).  Wall-clock to the target runs from the start of training (after setup)
+to the end of that evaluation MINUS the time spent evaluating up to it
+(`time_to_target_excl_eval_s` on both sides): SB3 evaluates inline in its one process,
+pal_hpc on its master (rank 0) while the workers wait, so excluding it on both sides
+compares training alone.  torch runs one thread per process on both sides.
+
+Hyperparameters.
+  - SB3 A2C: the zoo's hyperparams/a2c.yml CartPole-v1 entry sets only n_envs 8,
+    n_timesteps 5e5, policy MlpPolicy, ent_coef 0.0; the rest are SB3's A2C defaults:
+    learning_rate 7e-4 constant, n_steps 5, gamma 0.99, gae_lambda 1.0 (n-step
+    returns), vf_coef 0.5, max_grad_norm 0.5, RMSprop alpha 0.99 eps 1e-5,
+    normalize_advantage False, separate pi / vf MLPs [64, 64] (tanh), 8 environments in
+    a DummyVecEnv (the zoo's default vector env).
+  - pal_hpc PAAC: its defaults, the paper's (released code's): t_max 5, 33
+    environments at -n 4 (32 rounded up to a multiple of the 3 worker ranks), RMSProp
+    lr 0.0224 annealed linearly to 0 over --total-steps, decay 0.99, eps 0.1, global
+    gradient-norm clip 3.0, entropy 0.02, value_coef 0.5, gamma 0.99, a shared MLP
+    torso [64, 64] with policy and value heads; no reward clipping (vector
+    observations).  Both are advantage actor-critic with 5-step bootstrapped returns;
+    what differs is the optimizer settings, the batch (33 x 5 vs 8 x 5), the entropy
+    bonus, the clip and the shared torso.
+
+Per configuration the tables show each seed's time and env steps to the target, the
+median over seeds, how many seeds reached it, and SB3's median / ours (above 1:
+pal_hpc is faster, or needed fewer env steps).  A seed that did not reach the target
+(or whose run failed) enters the median as +infinity.  Then the conservative ratio,
+SB3's fastest seed / our median, and the goal check for -n 4: at least 3x faster than
+SB3 by the median and by the conservative ratio.
+
+    python bench/bench_paac.py [--seeds 5] [--nps 4] [--json OUT]
+    python bench/bench_paac.py --quick     # smoke run: 1 seed, 100k steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pal_hpc.cluster.launch import mpi_env, pal_main
+from to_target import (PEER_PYTHON, ROOT, fmt, peer_available, ratio, reached,
+                       run_peer_script, tail)
+
+TIME_KEY = "time_to_target_excl_eval_s"
+PEER = "sb3-a2c"
+GOAL_SPEEDUP = 3.0
+GOAL_NP = 4
+
+
+def run_ours(np_: int, seed: int, args, run_dir: Path) -> dict:
+    cmd = pal_main(np_, "--algo", "paac", "--env", args.env, "--seed", str(seed),
+                   "--total-steps", str(args.total_steps), "--target-return", str(args.target),
+                   "--eval-every", str(args.eval_every),
+                   "--eval-episodes", str(args.eval_episodes),
+                   "--run-dir", str(run_dir), "--progress-every", "1000")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                         env=mpi_env(), cwd=ROOT)
+    summary = run_dir / "summary.json"
+    if out.returncode != 0 or not summary.exists():
+        raise RuntimeError(f"exit {out.returncode}: {tail(out.stderr or out.stdout)}")
+    return json.loads(summary.read_text())
+
+
+def run_peer(seed: int, args) -> dict:
+    return run_peer_script("peer_sb3_a2c.py", [
+        "target", "--seed", str(seed), "--env", args.env,
+        "--total-steps", str(args.total_steps), "--target", str(args.target),
+        "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes)],
+        args.timeout)
+
+
+def div(a: float, b: float) -> float | None:
+    """a / b, None when either side did not reach the target."""
+    return None if math.isinf(a) or math.isinf(b) else a / b
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=5, help="run seeds 0..K-1")
+    ap.add_argument("--nps", default="4", help="comma-separated mpiexec -n values (>= 2)")
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--total-steps", type=int, default=500_000)
+    ap.add_argument("--target", type=float, default=475.0)
+    ap.add_argument("--eval-every", type=int, default=10_000)
+    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    ap.add_argument("--no-peer", action="store_true", help="skip Stable-Baselines3")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 seed, 100k steps")
+    ap.add_argument("--json", type=Path, help="also write every run's record here")
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.total_steps = 1, 100_000
+    nps = [int(x) for x in args.nps.split(",") if x.strip()]
+    if args.seeds < 1 or not nps or min(nps) < 2:
+        ap.error("--seeds must be >= 1 and every --nps value >= 2 (a master + workers)")
+    seeds = list(range(args.seeds))
+    sb3 = None if args.no_peer else peer_available()
+
+    print(f"PAAC vs A2C {args.env}: time to a greedy mean return of {args.target:g} "
+          f"excluding evaluation time (eval every {args.eval_every:,} steps, "
+          f"{args.eval_episodes} episodes), at most {args.total_steps:,} env steps, seeds "
+          f"{seeds}; {os.cpu_count()} cores, one run at a time", flush=True)
+    if sb3:
+        print(f"peer: Stable-Baselines3 {sb3} A2C, rl-baselines3-zoo CartPole-v1 "
+              f"hyperparameters (bench/peer_sb3_a2c.py)", flush=True)
+    elif not args.no_peer:
+        print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
+              f"stable_baselines3; install it with `make bench-peers`", flush=True)
+
+    configs = [f"pal_hpc -n {n}" for n in nps] + ([PEER] if sb3 else [])
+    records: dict[str, dict[int, dict | None]] = {c: {} for c in configs}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench_paac-") as tmp:
+        # Seeds outermost, so that drifts of the machine's load touch every config alike.
+        for seed in seeds:
+            for cfg in configs:
+                try:
+                    rec = (run_peer(seed, args) if cfg == PEER else
+                           run_ours(int(cfg.rsplit(" ", 1)[1]), seed, args,
+                                    Path(tmp) / f"{cfg.rsplit(' ', 1)[1]}-{seed}"))
+                except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                    msg = f"{cfg} seed {seed} failed: {exc}"
+                    print(f"  ({msg})", file=sys.stderr, flush=True)
+                    errors.append(msg)
+                    rec = None
+                records[cfg][seed] = rec
+                t, s = reached(rec, TIME_KEY), reached(rec, "steps_to_target")
+                status = "failed" if rec is None else (
+                    f"reached at {s:,.0f} steps, {t:.1f} s excl. eval" if not math.isinf(t)
+                    else f"not reached (best {rec.get('best_eval_return') or 0:.1f})")
+                wall = f", run {rec['wall_s']:.1f} s" if rec else ""
+                print(f"  {cfg:<14} seed {seed}: {status}{wall}", flush=True)
+
+    med = {}
+    for cfg in configs:
+        times = [reached(records[cfg][s], TIME_KEY) for s in seeds]
+        steps = [reached(records[cfg][s], "steps_to_target") for s in seeds]
+        med[cfg] = {"time": statistics.median(times), "steps": statistics.median(steps),
+                    "times": times, "steps_list": steps,
+                    "reached": sum(not math.isinf(t) for t in times)}
+    for title, key, each, spec in (("wall-clock to target excl. evaluation (s)", "time",
+                                    "times", ".1f"),
+                                   ("env steps to target", "steps", "steps_list", ",.0f")):
+        print(f"\nPAAC vs SB3 A2C {args.env}, {title}, target {args.target:g}")
+        head = "".join(f"{'seed ' + str(s):>10}" for s in seeds)
+        peer_col = f"{'SB3/ours':>10}" if sb3 else ""
+        print(f"  {'config':<14}{head}{'median':>10}{'reached':>9}{peer_col}")
+        for cfg in configs:
+            m = med[cfg]
+            row = "".join(f"{fmt(v, spec):>10}" for v in m[each])
+            col = "" if not sb3 or cfg == PEER else f"{ratio(med[PEER][key], m[key]):>10}"
+            print(f"  {cfg:<14}{row}{fmt(m[key], spec):>10}"
+                  f"{str(m['reached']) + '/' + str(len(seeds)):>9}{col}")
+    goal = None
+    if sb3:
+        best = min(med[PEER]["times"])
+        print(f"conservative, SB3's fastest seed ({fmt(best, '.1f')} s) / our median: "
+              + ", ".join(f"{c.replace('pal_hpc ', '')} {ratio(best, med[c]['time'])}"
+                          for c in configs if c != PEER))
+        ours = f"pal_hpc -n {GOAL_NP}"
+        if ours in med:
+            speed = div(med[PEER]["time"], med[ours]["time"])
+            cons = div(best, med[ours]["time"])
+            met = (speed is not None and cons is not None and speed >= GOAL_SPEEDUP
+                   and cons >= GOAL_SPEEDUP)
+            show = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+            print(f"goal, -n {GOAL_NP} vs SB3 A2C: >= {GOAL_SPEEDUP:g}x faster (median "
+                  f"{show(speed)}x, conservative {show(cons)}x): "
+                  f"{'MET' if met else 'NOT MET'}")
+            goal = {"speedup_median": speed, "speedup_conservative": cons, "met": met}
+    print("\nnot reached ('-') counts as +inf in the median; SB3/ours > 1: pal_hpc is faster "
+          "(or used fewer env steps)")
+    if errors:
+        print(f"{len(errors)} run(s) failed (see stderr); they count as not reached")
+    if args.json:
+        enc = lambda v: None if math.isinf(v) else v  # noqa: E731
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "env": args.env, "target": args.target, "total_steps": args.total_steps,
+            "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,
+            "time_key": TIME_KEY, "seeds": seeds, "nps": nps, "cores": os.cpu_count(),
+            "sb3_version": sb3,
+            "runs": {c: {str(s): records[c][s] for s in seeds} for c in configs},
+            "medians": {c: {TIME_KEY: enc(med[c]["time"]),
+                            "steps_to_target": enc(med[c]["steps"]),
+                            "reached": med[c]["reached"]} for c in configs},
+            "goal": goal, "errors": errors}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Atari throughput of the whole training loop (stepping, forward passes and updates):
+PAAC under `mpiexec -n N` (N = 2, 3, 4) beside Stable-Baselines3's A2C with the same
+number of environments on a SubprocVecEnv, the same CNN and the same preprocessing
+(bench/peer_sb3_a2c.py, run in .venv-peers when it has stable_baselines3), one run at a
+time, both sides in this one run.
+
+Environments.  --num-envs (32, the paper's n_e) per run, where the worker ranks (N - 1)
+can share it evenly; otherwise the nearest count they can (ties round up), stated in
+the table: 32 at -n 2 and -n 3, 33 at -n 4 (3 workers).  SB3 runs once per distinct
+count, with that many environments.  Both sides build each environment with
+gymnasium's own wrappers, as `pal_hpc.envs.make.atari_env` does: v5's sticky actions
+(p = 0.25), AtariPreprocessing (frameskip 4 max-pooled, 1..30 no-ops, 84x84 gray,
+uint8), FrameStackObservation(4).  (SB3's AtariWrapper would differ: fire on reset,
+clipped rewards, life-loss terminals.)
+
+Networks.  --cnn nips (default; PAAC's torso: conv 16 8x8/4, conv 32 4x4/2, dense 256)
+on both sides, as an SB3 features extractor with linear policy and value heads on the
+shared torso (net_arch []); --cnn nature gives pal_hpc's Nature torso and SB3's own
+NatureCNN, which are the same network.  The parameter counts of both are printed.
+Updates: both every 5 steps of every environment (PAAC's t_max, SB3's n_steps) on
+the whole rollout, RMSProp on both sides; torch one thread per process on both sides.
+
+Measurement.  pal_hpc runs --warmup-steps + --steps env steps with no periodic
+evaluation (--eval-every 0; the one final evaluation after the loop is outside the
+clock); its rate comes from its metrics log's learner rows (rank 0 writes one every 10
+updates with the env steps and the wall time): from the first row at or after
+--warmup-steps to the last row.  SB3's clock starts at the first rollout that begins at
+or after --warmup-steps and stops when learn() returns.  Start-up (MPI, subprocesses,
+emulators) is outside both clocks.  env steps are agent steps (4 frames each).
+
+    python bench/bench_paac_atari.py [--nps 2,3,4] [--num-envs 32] [--cnn nips]
+                                     [--warmup-steps 5000] [--steps 20000] [--json OUT]
+    python bench/bench_paac_atari.py --quick     # smoke run: -n 4, 1,650 + 3,300 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from pal_hpc.cluster.launch import mpi_env, pal_main
+from to_target import PEER_PYTHON, ROOT, peer_available, run_peer_script, tail
+
+GOAL = 3.0          # pal_hpc at -n 4 at least this many times SB3's env steps/s
+GOAL_NP = 4
+
+
+def env_count(wanted: int, workers: int) -> int:
+    """The multiple of `workers` nearest to `wanted` (ties round up), at least one
+    environment per worker."""
+    lo = wanted // workers * workers
+    hi = lo + workers
+    return max(workers, hi if hi - wanted <= wanted - lo else lo)
+
+
+def our_params(env_id: str, cnn: str) -> int:
+    """Parameters of PAAC's actor-critic on this game's frames."""
+    from pal_hpc.algos.paac import ActorCritic
+    from pal_hpc.envs import make_env
+
+    env = make_env(env_id, 0)
+    net = ActorCritic(env.observation_space, int(env.action_space.n), cnn)
+    env.close()
+    return sum(p.numel() for p in net.parameters())
+
+
+def run_ours(np_: int, num_envs: int, args, run_dir: Path) -> dict:
+    cmd = pal_main(np_, "--algo", "paac", "--env", args.env, "--seed", str(args.seed),
+                   "--num-envs", str(num_envs), "--cnn", args.cnn,
+                   "--total-steps", str(args.warmup_steps + args.steps),
+                   "--eval-every", "0", "--eval-episodes", "1",
+                   "--run-dir", str(run_dir), "--progress-every", "1000")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                         env=mpi_env(), cwd=ROOT)
+    if out.returncode != 0 or not (run_dir / "summary.json").exists():
+        raise RuntimeError(f"exit {out.returncode}: {tail(out.stderr or out.stdout)}")
+    with h5py.File(run_dir / "metrics.h5", "r") as f:
+        rows = f["learner"][:]
+    steps, wall = rows["env_step"].astype(np.int64), rows["wall_s"]
+    first = np.flatnonzero(steps >= args.warmup_steps)
+    if len(first) == 0 or first[0] == len(rows) - 1:
+        raise RuntimeError(f"too few learner rows after {args.warmup_steps} warm-up steps "
+                           f"({len(rows)} rows); raise --steps")
+    i = first[0]
+    measured, seconds = int(steps[-1] - steps[i]), float(wall[-1] - wall[i])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"np": np_, "num_envs": num_envs, "warmup_steps": int(steps[i]),
+            "measured_steps": measured, "measured_s": round(seconds, 3),
+            "env_steps_per_s": measured / seconds, "env_steps": summary["env_steps"],
+            "updates": summary["updates"], "master_time": summary.get("master_time"),
+            "env_worker_busy": summary.get("env_worker_busy")}
+
+
+def run_peer(num_envs: int, args) -> dict:
+    return run_peer_script("peer_sb3_a2c.py", [
+        "throughput", "--env", args.env, "--num-envs", str(num_envs), "--cnn", args.cnn,
+        "--seed", str(args.seed), "--warmup-steps", str(args.warmup_steps),
+        "--steps", str(args.steps)], args.timeout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nps", default="2,3,4", help="comma-separated mpiexec -n values (>= 2)")
+    ap.add_argument("--env", default="ALE/Pong-v5")
+    ap.add_argument("--num-envs", type=int, default=32,
+                    help="environments (the nearest multiple of the worker ranks)")
+    ap.add_argument("--cnn", choices=("nips", "nature"), default="nips")
+    ap.add_argument("--warmup-steps", type=int, default=5_000)
+    ap.add_argument("--steps", type=int, default=20_000, help="measured env steps")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    ap.add_argument("--no-peer", action="store_true", help="skip Stable-Baselines3")
+    ap.add_argument("--quick", action="store_true", help="smoke run: -n 4, few steps")
+    ap.add_argument("--json", type=Path, help="also write every run's record here")
+    args = ap.parse_args()
+    if args.quick:
+        args.nps, args.warmup_steps, args.steps = "4", 1_650, 3_300
+    nps = [int(x) for x in args.nps.split(",") if x.strip()]
+    if not nps or min(nps) < 2 or args.num_envs < 1 or args.steps < 1 or args.warmup_steps < 0:
+        ap.error("every --nps value must be >= 2, --num-envs and --steps >= 1, "
+                 "--warmup-steps >= 0")
+    sb3 = None if args.no_peer else peer_available()
+    envs = {n: env_count(args.num_envs, n - 1) for n in nps}
+    print(f"PAAC vs A2C {args.env}: env steps/s of the whole training loop over "
+          f"{args.steps:,} env steps after {args.warmup_steps:,} of warm-up; {args.cnn} CNN "
+          f"({our_params(args.env, args.cnn):,} parameters in pal_hpc); environments "
+          + ", ".join(f"-n {n}: {e}" for n, e in envs.items())
+          + f"; {os.cpu_count()} cores, one run at a time", flush=True)
+    if sb3:
+        print(f"peer: Stable-Baselines3 {sb3} A2C, SubprocVecEnv, same wrappers and CNN "
+              f"(bench/peer_sb3_a2c.py)", flush=True)
+    elif not args.no_peer:
+        print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
+              f"stable_baselines3; install it with `make bench-peers`", flush=True)
+
+    ours: dict[int, dict | None] = {}
+    peers: dict[int, dict | None] = {}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench_paac_atari-") as tmp:
+        for n in nps:
+            e = envs[n]
+            if sb3 and e not in peers:
+                try:
+                    peers[e] = run_peer(e, args)
+                    print(f"  sb3-a2c       {e:>3} envs: {peers[e]['env_steps_per_s']:8.1f} "
+                          f"env steps/s ({peers[e]['params']:,} parameters)", flush=True)
+                except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                    errors.append(f"sb3-a2c {e} envs failed: {exc}")
+                    print(f"  ({errors[-1]})", file=sys.stderr, flush=True)
+                    peers[e] = None
+            try:
+                ours[n] = run_ours(n, e, args, Path(tmp) / f"np{n}")
+                print(f"  pal_hpc -n {n}  {e:>3} envs: {ours[n]['env_steps_per_s']:8.1f} "
+                      f"env steps/s", flush=True)
+            except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError) as exc:
+                errors.append(f"pal_hpc -n {n} failed: {exc}")
+                print(f"  ({errors[-1]})", file=sys.stderr, flush=True)
+                ours[n] = None
+
+    print(f"\nPAAC vs SB3 A2C {args.env}, {args.cnn} CNN, env steps/s (4 frames each) of "
+          f"the whole training loop")
+    print(f"  {'config':<14}{'envs':>6}{'pal_hpc':>10}{'SB3 A2C':>10}{'ours/SB3':>10}"
+          f"{'master busy':>13}{'workers busy':>14}")
+    show = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
+    ratios = {}
+    for n in nps:
+        o, p = ours[n], peers.get(envs[n])
+        r = (o["env_steps_per_s"] / p["env_steps_per_s"]) if o and p else None
+        ratios[n] = r
+        busy = (o or {}).get("master_time") or {}
+        print(f"  {'pal_hpc -n ' + str(n):<14}{envs[n]:>6}"
+              f"{show(o and o['env_steps_per_s'], '.1f'):>10}"
+              f"{show(p and p['env_steps_per_s'], '.1f'):>10}"
+              f"{show(r, '.2f') + ('x' if r else ''):>10}"
+              f"{show(busy.get('busy'), '.0%'):>13}"
+              f"{show((o or {}).get('env_worker_busy'), '.0%'):>14}")
+    met = None
+    if GOAL_NP in ratios and ratios[GOAL_NP] is not None:
+        met = ratios[GOAL_NP] >= GOAL
+        print(f"goal, -n {GOAL_NP} vs SB3 A2C with as many environments: >= {GOAL:g}x env "
+              f"steps/s ({ratios[GOAL_NP]:.2f}x): {'MET' if met else 'NOT MET'}")
+    if errors:
+        print(f"{len(errors)} run(s) failed (see stderr)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "env": args.env, "cnn": args.cnn, "warmup_steps": args.warmup_steps,
+            "steps": args.steps, "cores": os.cpu_count(), "sb3_version": sb3,
+            "ours": {str(n): ours[n] for n in nps},
+            "sb3": {str(e): p for e, p in peers.items()},
+            "ratios_ours_over_sb3": {str(n): r for n, r in ratios.items()},
+            "goal_met": met, "errors": errors}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
