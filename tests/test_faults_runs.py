@@ -14,6 +14,7 @@ import h5py
 import pytest
 
 from conftest import ROOT, mpi_env, pal_cmd
+from pal_hpc.envs import make_env, obs_info
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime.nstep import transition_spec
@@ -192,7 +193,9 @@ def test_an_unusable_run_dir_is_refused_at_start_up(tmp_path, case):
 
 def test_a_replay_larger_than_memory_is_refused_before_allocating(tmp_path):
     """Fault 5: ALE/Pong-v5 at the default capacity asked for ~20 GB on a 23 GB machine."""
-    spec = transition_spec((210, 160, 3), "uint8")
+    env = make_env("ALE/Pong-v5", 0)            # the preprocessed frames the replay stores
+    spec = transition_spec(*obs_info(env))
+    env.close()
     per = SharedReplay.window_nbytes(spec, 1000) / 1000
     capacity = int(2 * available_memory()[0] / per)
     t0 = time.monotonic()
