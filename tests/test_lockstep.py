@@ -405,3 +405,13 @@ def test_atari_frames_step_exactly_as_sync_vector_env():
         assert ours.single_observation_space.dtype == np.uint8
         assert ours.observation_space.shape == (3, 4, 84, 84)
         _compare(ours, ref, 40, seed=3)      # uint8 frames and ALE's infos (lives, frames)
+
+
+def test_workers_are_pinned_one_core_each_unless_asked_not_to():
+    cores = sorted(os.sched_getaffinity(0))
+    with LockstepVectorEnv([_make("CartPole-v1")] * 3, 3) as env:
+        pinned = [os.sched_getaffinity(p) for p in env.worker_pids]
+        if len(cores) > 1:
+            assert pinned == [{cores[w % len(cores)]} for w in range(3)]
+    with LockstepVectorEnv([_make("CartPole-v1")] * 2, 2, pin_workers=False) as env:
+        assert all(os.sched_getaffinity(p) == set(cores) for p in env.worker_pids)

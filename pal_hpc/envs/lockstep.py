@@ -94,9 +94,16 @@ def _die_with_parent() -> None:
 
 
 def _process_main(memory: _Memory, layout: Layout, env_fns, w: int, backoff: Backoff,
-                  parent: int) -> None:
+                  parent: int, pin: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the master's to handle
     _die_with_parent()
+    cores = sorted(os.sched_getaffinity(0))
+    if pin and len(cores) > 1:
+        # One core per worker, round robin.  Left to itself the scheduler wakes the
+        # workers on the core of the master that woke them, and two workers then
+        # share one core while the other idles (CartPole, 2 workers x 32 envs:
+        # 116k steps/s unpinned).
+        os.sched_setaffinity(0, {cores[w % len(cores)]})
     if os.getppid() != parent:
         return
     views = Views(layout, memory.array())
@@ -151,11 +158,13 @@ class LockstepVectorEnv(VectorEnv):
             "forkserver" pickle env_fns once at start-up with cloudpickle).
         info_bytes: room per worker for the encoded infos of one round.
         backoff: how long waits spin and yield before sleeping (default: by cores).
+        pin_workers: pin worker w to core w mod cores (of this process's affinity set);
+            unpinned, the scheduler tends to wake workers on the master's core.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], num_workers: int | None = None,
                  *, copy: bool = True, context: str | None = None, info_bytes: int = 1 << 16,
-                 backoff: Backoff | None = None):
+                 backoff: Backoff | None = None, pin_workers: bool = True):
         super().__init__()
         self._ready = False
         self._procs: list = []
@@ -205,7 +214,8 @@ class LockstepVectorEnv(VectorEnv):
                 if ctx.get_start_method() != "fork":
                     fns = _Pickled(fns)
                 p = ctx.Process(target=_process_main, name=f"lockstep-worker-{w}", daemon=True,
-                                args=(self._memory, layout, fns, w, backoff, os.getpid()))
+                                args=(self._memory, layout, fns, w, backoff, os.getpid(),
+                                      pin_workers))
                 p.start()
                 self._procs.append(p)
             self._master.wait("start-up")
