@@ -33,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +42,21 @@ WORKER = ROOT / "bench" / "vecenv_worker.py"
 PEER_ENGINES = {"ray", "envpool", "ale"}
 
 
+def settle(seconds: float = 10.0) -> None:
+    """Wait (up to `seconds`) until the previous measurement's processes are gone -- Ray's
+    daemons take a few seconds to exit after its driver -- so they do not take cores
+    from the next one."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        busy = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server|vecenv_worker"],
+                              capture_output=True, text=True).stdout.split()
+        if not busy:
+            return
+        time.sleep(0.2)
+
+
 def measure(engine: str, env: str, w: int, e: int, args) -> dict:
+    settle()
     python = PEER_PYTHON if engine in PEER_ENGINES else Path(sys.executable)
     if not python.exists():
         return {"skipped": f"{python} missing (make bench-peers)"}
