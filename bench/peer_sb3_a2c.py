@@ -52,7 +52,7 @@ import sys
 import time
 
 # Evaluation exactly as bench/peer_sb3_continuous.py does it (same seeds, same batching).
-from peer_sb3_continuous import FINAL_SEED, PERIODIC_SEED, evaluate
+from peer_sb3_continuous import learn_to_target
 
 
 def make_atari(env_id: str, seed: int):
@@ -99,65 +99,18 @@ def nips_extractor():
 
 
 def run_target(args) -> dict:
-    import stable_baselines3
     import torch
     from stable_baselines3 import A2C
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
     torch.set_num_threads(1)
     env = make_vec_env(args.env, n_envs=8, seed=args.seed)    # DummyVecEnv, as the zoo
     model = A2C("MlpPolicy", env, ent_coef=0.0, seed=args.seed, device="cpu", verbose=0)
 
-    evals: list[dict] = []
-    state = {"hit": None, "t0": 0.0, "next": args.eval_every}
-
-    def record(steps: int, seed: int) -> None:
-        t0 = time.perf_counter()
-        returns = evaluate(model, args.env, args.eval_episodes, seed)
-        now = time.perf_counter()
-        mean = sum(returns) / len(returns)
-        rec = {"env_steps": steps, "wall_s": round(now - state["t0"], 3),
-               "mean_return": mean, "episodes": len(returns), "eval_s": round(now - t0, 3)}
-        evals.append(rec)
-        print(f"[{rec['wall_s']:8.1f}s] eval  steps {steps:>9,}  greedy return {mean:8.1f}",
-              file=sys.stderr, flush=True)
-        if state["hit"] is None and mean >= args.target:
-            state["hit"] = rec
-
-    class EvalToTarget(BaseCallback):
-        """Greedy evaluation when the counter passes a multiple of eval_every."""
-
-        def _on_step(self) -> bool:
-            steps = self.num_timesteps
-            if steps < state["next"]:
-                return True
-            state["next"] = (steps // args.eval_every + 1) * args.eval_every
-            record(steps, args.seed + PERIODIC_SEED + steps)
-            return state["hit"] is None
-
-    state["t0"] = time.perf_counter()
-    model.learn(total_timesteps=args.total_steps, callback=EvalToTarget())
-    steps = int(model.num_timesteps)
-    if state["hit"] is None and (not evals or evals[-1]["env_steps"] != steps):
-        record(steps, args.seed + FINAL_SEED)
-    wall = time.perf_counter() - state["t0"]
-    hit = state["hit"]
-    excl = None
-    if hit:
-        excl = round(hit["wall_s"] - sum(e["eval_s"] for e in evals
-                                         if e["env_steps"] <= hit["env_steps"]), 3)
+    result = learn_to_target(model, args)
     env.close()
-    return {
-        "peer": "sb3-a2c", "seed": args.seed, "env": args.env, "target": args.target,
-        "steps_to_target": hit["env_steps"] if hit else None,
-        "time_to_target_s": hit["wall_s"] if hit else None,
-        "time_to_target_excl_eval_s": excl,
-        "best_eval_return": max(e["mean_return"] for e in evals) if evals else None,
-        "env_steps": steps, "updates": int(model._n_updates), "wall_s": round(wall, 3),
-        "torch_threads": torch.get_num_threads(),
-        "sb3_version": stable_baselines3.__version__, "evaluations": evals,
-    }
+    return {"peer": "sb3-a2c", "seed": args.seed, "env": args.env, "target": args.target,
+            **result}
 
 
 def run_throughput(args) -> dict:

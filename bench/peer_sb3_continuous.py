@@ -117,17 +117,28 @@ def main() -> int:
 
 def run(args) -> dict:
     import gymnasium as gym
-    import stable_baselines3
     import torch
-    from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
     model = build(args.algo, gym.make(args.env), args.seed)
 
-    evals: list[dict] = []
-    state = {"hit": None, "t0": 0.0}
+    return {"peer": f"sb3-{args.algo}", "algo": args.algo, "seed": args.seed,
+            "env": args.env, "target": args.target, **learn_to_target(model, args)}
 
-    def record(steps: int, seed: int) -> dict:
+
+def learn_to_target(model, args) -> dict:
+    """`model.learn` with a greedy evaluation (`args.eval_episodes` episodes) each time
+    the step counter passes a multiple of `args.eval_every`, stopping once the mean
+    reaches `args.target` (or after `args.total_steps`, with a final evaluation).
+    Returns the time and env steps to the target, with and without evaluation time."""
+    import stable_baselines3
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    evals: list[dict] = []
+    state = {"hit": None, "t0": 0.0, "next": args.eval_every}
+
+    def record(steps: int, seed: int) -> None:
         t0 = time.perf_counter()
         returns = evaluate(model, args.env, args.eval_episodes, seed)
         now = time.perf_counter()
@@ -139,15 +150,16 @@ def run(args) -> dict:
               f"over {len(returns)} episodes", file=sys.stderr, flush=True)
         if state["hit"] is None and mean >= args.target:
             state["hit"] = rec
-        return rec
 
     class EvalToTarget(BaseCallback):
-        """Deterministic evaluation every eval_every env steps; stops at the target."""
+        """Greedy evaluation when the counter passes a multiple of eval_every (a vector
+        env advances it by n_envs per call); stops at the target."""
 
         def _on_step(self) -> bool:
             steps = self.num_timesteps
-            if steps % args.eval_every:
+            if steps < state["next"]:
                 return True
+            state["next"] = (steps // args.eval_every + 1) * args.eval_every
             record(steps, args.seed + PERIODIC_SEED + steps)
             return state["hit"] is None
 
@@ -163,8 +175,6 @@ def run(args) -> dict:
         eval_s = sum(e["eval_s"] for e in evals if e["env_steps"] <= hit["env_steps"])
         excl = round(hit["wall_s"] - eval_s, 3)
     return {
-        "peer": f"sb3-{args.algo}", "algo": args.algo, "seed": args.seed, "env": args.env,
-        "target": args.target,
         "steps_to_target": hit["env_steps"] if hit else None,
         "time_to_target_s": hit["wall_s"] if hit else None,
         "time_to_target_excl_eval_s": excl,
