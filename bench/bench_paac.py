@@ -21,14 +21,20 @@ Hyperparameters.
     returns), vf_coef 0.5, max_grad_norm 0.5, RMSprop alpha 0.99 eps 1e-5,
     normalize_advantage False, separate pi / vf MLPs [64, 64] (tanh), 8 environments in
     a DummyVecEnv (the zoo's default vector env).
-  - pal_hpc PAAC: its defaults, the paper's (released code's): t_max 5, 33
-    environments at -n 4 (32 rounded up to a multiple of the 3 worker ranks), RMSProp
-    lr 0.0224 annealed linearly to 0 over --total-steps, decay 0.99, eps 0.1, global
-    gradient-norm clip 3.0, entropy 0.02, value_coef 0.5, gamma 0.99, a shared MLP
-    torso [64, 64] with policy and value heads; no reward clipping (vector
-    observations).  Both are advantage actor-critic with 5-step bootstrapped returns;
-    what differs is the optimizer settings, the batch (33 x 5 vs 8 x 5), the entropy
-    bonus, the clip and the shared torso.
+  - pal_hpc PAAC, two settings (--settings, both by default):
+    paper: its defaults, the paper's (released code's): t_max 5, 33 environments at
+    -n 4 (32 rounded up to a multiple of the 3 worker ranks), RMSProp lr 0.0224
+    annealed linearly to 0 over --total-steps, TensorFlow-style with decay 0.99 and eps
+    0.1, global gradient-norm clip 3.0, entropy 0.02, value_coef 0.5, gamma 0.99, a
+    shared ReLU MLP torso [64, 64] with policy and value heads; no reward clipping
+    (vector observations).
+    zoo: the same hyperparameters as the SB3 peer, as PAAC flags (ZOO_FLAGS): 9
+    environments (8 rounded up to the 3 worker ranks), lr 7e-4 constant, torch-style
+    RMSprop eps 1e-5, clip 0.5, entropy 0, separate tanh MLPs [64, 64] for policy and
+    value, orthogonal initialization.  This row compares the two runtimes on one
+    algorithm with one set of hyperparameters; the paper row shows what PAAC's own
+    settings, tuned for Atari, give on CartPole.
+    Both sides are advantage actor-critic with 5-step bootstrapped returns.
 
 Per configuration the tables show each seed's time and env steps to the target, the
 median over seeds, how many seeds reached it, and SB3's median / ours (above 1:
@@ -37,7 +43,7 @@ pal_hpc is faster, or needed fewer env steps).  A seed that did not reach the ta
 SB3's fastest seed / our median, and the goal check for -n 4: at least 3x faster than
 SB3 by the median and by the conservative ratio.
 
-    python bench/bench_paac.py [--seeds 5] [--nps 4] [--json OUT]
+    python bench/bench_paac.py [--seeds 5] [--nps 4] [--settings paper,zoo] [--json OUT]
     python bench/bench_paac.py --quick     # smoke run: 1 seed, 100k steps
 """
 
@@ -61,10 +67,26 @@ TIME_KEY = "time_to_target_excl_eval_s"
 PEER = "sb3-a2c"
 GOAL_SPEEDUP = 3.0
 GOAL_NP = 4
+# SB3 A2C's CartPole hyperparameters (bench/peer_sb3_a2c.py) as PAAC flags; --num-envs is
+# 8 rounded up to a multiple of the worker ranks at -n 4 (see run_ours).
+ZOO_FLAGS = ["--lr", "7e-4", "--no-lr-anneal", "--rms-style", "torch", "--rms-eps", "1e-5",
+             "--grad-clip", "0.5", "--entropy", "0", "--value-coef", "0.5",
+             "--activation", "tanh", "--no-shared-torso", "--init", "orthogonal"]
+ZOO_ENVS = 8
+SETTINGS = ("paper", "zoo")
 
 
-def run_ours(np_: int, seed: int, args, run_dir: Path) -> dict:
+def settings_flags(settings: str, np_: int) -> list[str]:
+    """PAAC's flags for `settings` at -n np_ (np_ - 1 worker ranks share the envs)."""
+    if settings == "paper":
+        return []
+    workers = np_ - 1
+    return ZOO_FLAGS + ["--num-envs", str(-(-ZOO_ENVS // workers) * workers)]
+
+
+def run_ours(np_: int, settings: str, seed: int, args, run_dir: Path) -> dict:
     cmd = pal_main(np_, "--algo", "paac", "--env", args.env, "--seed", str(seed),
+                   *settings_flags(settings, np_),
                    "--total-steps", str(args.total_steps), "--target-return", str(args.target),
                    "--eval-every", str(args.eval_every),
                    "--eval-episodes", str(args.eval_episodes),
@@ -95,6 +117,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5, help="run seeds 0..K-1")
     ap.add_argument("--nps", default="4", help="comma-separated mpiexec -n values (>= 2)")
+    ap.add_argument("--settings", default="paper,zoo",
+                    help="comma-separated PAAC settings: paper (its defaults) and/or zoo "
+                         "(the SB3 peer's hyperparameters as PAAC flags)")
     ap.add_argument("--env", default="CartPole-v1")
     ap.add_argument("--total-steps", type=int, default=500_000)
     ap.add_argument("--target", type=float, default=475.0)
@@ -108,8 +133,11 @@ def main() -> int:
     if args.quick:
         args.seeds, args.total_steps = 1, 100_000
     nps = [int(x) for x in args.nps.split(",") if x.strip()]
+    settings = [x.strip() for x in args.settings.split(",") if x.strip()]
     if args.seeds < 1 or not nps or min(nps) < 2:
         ap.error("--seeds must be >= 1 and every --nps value >= 2 (a master + workers)")
+    if not settings or set(settings) - set(SETTINGS):
+        ap.error(f"--settings: comma-separated, from {', '.join(SETTINGS)}; got {args.settings!r}")
     seeds = list(range(args.seeds))
     sb3 = None if args.no_peer else peer_available()
 
@@ -124,7 +152,8 @@ def main() -> int:
         print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
               f"stable_baselines3; install it with `make bench-peers`", flush=True)
 
-    configs = [f"pal_hpc -n {n}" for n in nps] + ([PEER] if sb3 else [])
+    ours_cfgs = {f"pal_hpc -n {n} {st}": (n, st) for st in settings for n in nps}
+    configs = list(ours_cfgs) + ([PEER] if sb3 else [])
     records: dict[str, dict[int, dict | None]] = {c: {} for c in configs}
     errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench_paac-") as tmp:
@@ -132,9 +161,11 @@ def main() -> int:
         for seed in seeds:
             for cfg in configs:
                 try:
-                    rec = (run_peer(seed, args) if cfg == PEER else
-                           run_ours(int(cfg.rsplit(" ", 1)[1]), seed, args,
-                                    Path(tmp) / f"{cfg.rsplit(' ', 1)[1]}-{seed}"))
+                    if cfg == PEER:
+                        rec = run_peer(seed, args)
+                    else:
+                        n, st = ours_cfgs[cfg]
+                        rec = run_ours(n, st, seed, args, Path(tmp) / f"{n}-{st}-{seed}")
                 except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
                     msg = f"{cfg} seed {seed} failed: {exc}"
                     print(f"  ({msg})", file=sys.stderr, flush=True)
@@ -146,7 +177,7 @@ def main() -> int:
                     f"reached at {s:,.0f} steps, {t:.1f} s excl. eval" if not math.isinf(t)
                     else f"not reached (best {rec.get('best_eval_return') or 0:.1f})")
                 wall = f", run {rec['wall_s']:.1f} s" if rec else ""
-                print(f"  {cfg:<14} seed {seed}: {status}{wall}", flush=True)
+                print(f"  {cfg:<20} seed {seed}: {status}{wall}", flush=True)
 
     med = {}
     for cfg in configs:
@@ -161,12 +192,12 @@ def main() -> int:
         print(f"\nPAAC vs SB3 A2C {args.env}, {title}, target {args.target:g}")
         head = "".join(f"{'seed ' + str(s):>10}" for s in seeds)
         peer_col = f"{'SB3/ours':>10}" if sb3 else ""
-        print(f"  {'config':<14}{head}{'median':>10}{'reached':>9}{peer_col}")
+        print(f"  {'config':<20}{head}{'median':>10}{'reached':>9}{peer_col}")
         for cfg in configs:
             m = med[cfg]
             row = "".join(f"{fmt(v, spec):>10}" for v in m[each])
             col = "" if not sb3 or cfg == PEER else f"{ratio(med[PEER][key], m[key]):>10}"
-            print(f"  {cfg:<14}{row}{fmt(m[key], spec):>10}"
+            print(f"  {cfg:<20}{row}{fmt(m[key], spec):>10}"
                   f"{str(m['reached']) + '/' + str(len(seeds)):>9}{col}")
     goal = None
     if sb3:
@@ -174,17 +205,20 @@ def main() -> int:
         print(f"conservative, SB3's fastest seed ({fmt(best, '.1f')} s) / our median: "
               + ", ".join(f"{c.replace('pal_hpc ', '')} {ratio(best, med[c]['time'])}"
                           for c in configs if c != PEER))
-        ours = f"pal_hpc -n {GOAL_NP}"
-        if ours in med:
+        goal = {}
+        for st in settings:
+            ours = f"pal_hpc -n {GOAL_NP} {st}"
+            if ours not in med:
+                continue
             speed = div(med[PEER]["time"], med[ours]["time"])
             cons = div(best, med[ours]["time"])
             met = (speed is not None and cons is not None and speed >= GOAL_SPEEDUP
                    and cons >= GOAL_SPEEDUP)
             show = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
-            print(f"goal, -n {GOAL_NP} vs SB3 A2C: >= {GOAL_SPEEDUP:g}x faster (median "
-                  f"{show(speed)}x, conservative {show(cons)}x): "
+            print(f"goal, -n {GOAL_NP} {st} settings vs SB3 A2C: >= {GOAL_SPEEDUP:g}x faster "
+                  f"(median {show(speed)}x, conservative {show(cons)}x): "
                   f"{'MET' if met else 'NOT MET'}")
-            goal = {"speedup_median": speed, "speedup_conservative": cons, "met": met}
+            goal[st] = {"speedup_median": speed, "speedup_conservative": cons, "met": met}
     print("\nnot reached ('-') counts as +inf in the median; SB3/ours > 1: pal_hpc is faster "
           "(or used fewer env steps)")
     if errors:
@@ -195,7 +229,8 @@ def main() -> int:
         args.json.write_text(json.dumps({
             "env": args.env, "target": args.target, "total_steps": args.total_steps,
             "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,
-            "time_key": TIME_KEY, "seeds": seeds, "nps": nps, "cores": os.cpu_count(),
+            "time_key": TIME_KEY, "seeds": seeds, "nps": nps, "settings": settings,
+            "zoo_flags": ZOO_FLAGS, "cores": os.cpu_count(),
             "sb3_version": sb3,
             "runs": {c: {str(s): records[c][s] for s in seeds} for c in configs},
             "medians": {c: {TIME_KEY: enc(med[c]["time"]),

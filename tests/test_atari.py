@@ -218,8 +218,10 @@ def test_torso_scales_uint8_frames_to_unit_range_inside(make, width):
     out = net(x)
     assert out.shape == (3, width) and out.dtype == torch.float32
     full = torch.full((2, 4, 84, 84), 255, dtype=torch.uint8)
-    # 255 in = 1.0 into the conv stack (body: the network without the scaling).
-    assert torch.equal(net(full), net.body(torch.ones(2, 4, 84, 84)))
+    # 255 in = 1.0 into the conv stack (body: the network without the scaling), which
+    # takes the frames channels-last.
+    ones = torch.ones(2, 4, 84, 84).contiguous(memory_format=torch.channels_last)
+    assert torch.equal(net(full), net.body(ones))
     assert not torch.equal(net(full), net.body(full.float()))
     torch.testing.assert_close(out, net.body(x.float() / 255))
     with pytest.raises(TypeError, match="uint8"):

@@ -250,6 +250,81 @@ def test_state_round_trip_continues_identically():
     assert b_algo.digest() == a.digest() and a.updates == b_algo.updates == 4
 
 
+# ---- network and optimizer options --------------------------------------------------------
+
+def test_loss_scale_scales_the_gradient_before_the_clip():
+    rng = np.random.default_rng(10)
+    batch = rollout(rng, dones=[(1, 2, "term")])
+    base = grad_of(make(seed=4), batch)
+    np.testing.assert_allclose(grad_of(make(seed=4, loss_scale=3.0), batch), 3.0 * base,
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_rms_style_torch_is_torchs_rmsprop():
+    algo = make(rms_style="torch", rms_eps=1e-5, lr=7e-4, grad_clip=0.5, lr_anneal=False)
+    opt = algo.optimizer
+    assert not opt.eps_in_sqrt and float(opt.square_avg.abs().max()) == 0.0
+    ref = torch.nn.Parameter(torch.as_tensor(algo.policy_params()))
+    ref_opt = torch.optim.RMSprop([ref], lr=7e-4, alpha=0.99, eps=1e-5, foreach=False)
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        g = grad_of(algo, rollout(rng))
+        algo.apply_gradients("ac", g)
+        ref.grad = torch.as_tensor(g)
+        torch.nn.utils.clip_grad_norm_([ref], 0.5)
+        ref_opt.step()
+    np.testing.assert_allclose(algo.policy_params(), ref.detach().numpy(), rtol=1e-5,
+                               atol=1e-7)
+    assert make().optimizer.eps_in_sqrt          # the default stays TensorFlow 1's
+
+
+def test_separate_torsos_keep_value_and_policy_apart():
+    shared, apart = make(seed=5), make(seed=5, shared_torso=False)
+    assert apart.num_params > shared.num_params
+    net = apart.net
+    obs = torch.as_tensor(np.random.default_rng(12).normal(size=(6, 4)), dtype=torch.float32)
+    logits, values = net(obs)
+    with torch.no_grad():
+        for p in net.value_trunk.parameters():
+            p.add_(1.0)
+    logits2, values2 = net(obs)
+    torch.testing.assert_close(logits2, logits)          # the policy never sees it
+    assert not torch.allclose(values2, values)
+    assert apart.signature() != shared.signature()       # a checkpoint must match it
+
+
+def test_tanh_activation_and_orthogonal_init():
+    algo = make(seed=6, activation="tanh", init="orthogonal", shared_torso=False)
+    mods = list(algo.net.modules())
+    assert any(isinstance(m, torch.nn.Tanh) for m in mods)
+    assert not any(isinstance(m, torch.nn.ReLU) for m in mods)
+    w = algo.net.policy.weight.detach().double()          # (3, 16): orthogonal rows x 0.01
+    torch.testing.assert_close(w @ w.T, 1e-4 * torch.eye(3, dtype=torch.float64))
+    assert not algo.net.policy.bias.any() and not algo.net.value.bias.any()
+    assert algo.signature()["activation"] == "tanh"
+    default = make(seed=6)
+    assert any(isinstance(m, torch.nn.ReLU) for m in default.net.modules())
+
+
+def test_bf16_precision_is_close_to_fp32_and_keeps_fp32_state():
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    rng = np.random.default_rng(13)
+    batch = rollout(rng, t_max=2, n=3)
+    batch["obs"] = rng.integers(0, 256, size=(3, 3, 4, 84, 84), dtype=np.uint8)
+    batch["action"] = rng.integers(0, 6, size=(2, 3))
+    algos = {p: PAAC(frames, gym.spaces.Discrete(6), PAACConfig(precision=p), seed=1)
+             for p in ("fp32", "bf16")}
+    grads = {p: grad_of(a, batch) for p, a in algos.items()}
+    assert algos["bf16"].policy_params().dtype == np.float32
+    assert grads["bf16"].dtype == np.float32 and np.isfinite(grads["bf16"]).all()
+    assert not np.array_equal(grads["bf16"], grads["fp32"])        # bf16 did run
+    cos = grads["bf16"] @ grads["fp32"] / (np.linalg.norm(grads["bf16"])
+                                           * np.linalg.norm(grads["fp32"]))
+    assert cos > 0.98, cos
+    acts = algos["bf16"].act(batch["obs"][0], np.random.default_rng(0))
+    assert acts.dtype == np.int64 and acts.shape == (3,) and ((0 <= acts) & (acts < 6)).all()
+
+
 # ---- configuration ------------------------------------------------------------------------
 
 def test_registry_spaces_and_num_envs():
@@ -262,7 +337,9 @@ def test_registry_spaces_and_num_envs():
     with pytest.raises(ConfigError, match=r"num_envs: 32 .* 3 worker ranks.* 30 or 33"):
         resolve_num_envs(32, 3)
     for field, value in (("t_max", 0), ("lr", -1.0), ("rms_decay", 1.0), ("entropy", -0.1),
-                         ("lr", float("nan"))):
+                         ("lr", float("nan")), ("loss_scale", 0.0),
+                         ("loss_scale", float("inf")), ("rms_style", "adam"),
+                         ("activation", "gelu"), ("init", "xavier"), ("precision", "fp16")):
         with pytest.raises(ConfigError, match=f"^{field}: "):
             PAACConfig(**{field: value}).validate()
 

@@ -37,14 +37,21 @@ class MLP(nn.Module):
         return x
 
 
-class MLPTorso(nn.Sequential):
-    """Linear layers each followed by ReLU, on observations flattened to (N, obs_dim)."""
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
 
-    def __init__(self, in_dim: int, hidden: Sequence[int]):
+
+class MLPTorso(nn.Sequential):
+    """Linear layers each followed by `activation` (ReLU by default, or tanh), on
+    observations flattened to (N, obs_dim)."""
+
+    def __init__(self, in_dim: int, hidden: Sequence[int], activation: str = "relu"):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation: must be one of {', '.join(ACTIVATIONS)}, "
+                             f"got {activation!r}")
         layers: list[nn.Module] = []
         width = in_dim
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
+            layers += [nn.Linear(width, h), ACTIVATIONS[activation]()]
             width = h
         super().__init__(*layers)
         self.out_features = width
@@ -60,14 +67,14 @@ def is_image(obs_space: gym.Space) -> bool:
 
 
 def torso(obs_space: gym.Space, kind: str = "nature",
-          hidden: Sequence[int] = (256, 256)) -> nn.Module:
+          hidden: Sequence[int] = (256, 256), activation: str = "relu") -> nn.Module:
     """The feature extractor for `obs_space`: a `CNNTorso` of `kind` ("nature" or
     "nips"; it takes uint8 frames and scales them) on image observations (`is_image`),
-    else an `MLPTorso` of `hidden` widths on the flattened float observation.  Either
-    has `out_features`, the width of its output."""
+    else an `MLPTorso` of `hidden` widths and `activation` on the flattened float
+    observation.  Either has `out_features`, the width of its output."""
     if is_image(obs_space):
         return CNNTorso(obs_space.shape, kind)
-    return MLPTorso(obs_dim(obs_space), hidden)
+    return MLPTorso(obs_dim(obs_space), hidden, activation)
 
 
 def seeded(seed: int, build):

@@ -34,6 +34,7 @@ Defaults are the paper's (and its released code's, where the two differ: noted i
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ from torch import nn
 
 from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
 from pal_hpc.algos.cnn import KINDS as CNN_KINDS
-from pal_hpc.algos.nets import FlatParams, is_image, seeded, torso
+from pal_hpc.algos.nets import ACTIVATIONS, FlatParams, is_image, seeded, torso
 from pal_hpc.algos.optim import FlatRMSProp
 from pal_hpc.config import ConfigError
 from pal_hpc.config import option as _f
@@ -53,6 +54,9 @@ from pal_hpc.config import option as _f
 BATCH_KEYS = ("obs", "action", "reward", "terminated", "truncated", "valid")
 NUM_ENVS = 32            # per node (the paper's n_e); auto rounds it to the workers
 CLIP_CHOICES = ("auto", "on", "off")
+RMS_STYLES = ("tf", "torch")
+INITS = ("default", "orthogonal")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -73,7 +77,17 @@ class PAACConfig(AlgoConfig):
     rms_decay: float = _f(0.99, "RMSProp decay of the mean square (TensorFlow 1's "
                                 "RMSPropOptimizer, as PAAC's code used: mean square starts "
                                 "at 1, epsilon inside the square root)")
-    rms_eps: float = _f(0.1, "RMSProp epsilon (inside the square root)")
+    rms_eps: float = _f(0.1, "RMSProp epsilon (inside the square root with --rms-style tf, "
+                             "added to it with torch)")
+    rms_style: str = _f("tf", "RMSProp variant: tf = TensorFlow 1's RMSPropOptimizer, which "
+                              "PAAC's code used (mean square starts at 1, epsilon inside the "
+                              "square root); torch = torch.optim.RMSprop's, which SB3's A2C "
+                              "uses (mean square starts at 0, epsilon added to the root)",
+                        choices=RMS_STYLES)
+    loss_scale: float = _f(1.0, "multiply the loss (so the gradient, before the clip) by "
+                                "this.  With --rms-style tf and its large epsilon the step "
+                                "is then nearly lr x scale x gradient: PAAC's code scales its "
+                                "mean loss by t_max for that reason")
     grad_clip: float = _f(3.0, "global gradient-norm clip (the released code's 3.0; the "
                                "paper says 40; 0 = no clipping)")
     entropy: float = _f(0.02, "entropy bonus coefficient beta (the released code's 0.02; "
@@ -86,6 +100,21 @@ class PAACConfig(AlgoConfig):
                           "paper's) or nature (Mnih et al. 2015)", choices=tuple(CNN_KINDS))
     hidden: list[int] = _f([64, 64], "hidden layer widths of the MLP torso on vector "
                                      "observations")
+    activation: str = _f("relu", "activation of the MLP torso on vector observations: relu, "
+                                 "or tanh (SB3's MlpPolicy)", choices=tuple(ACTIVATIONS))
+    shared_torso: bool = _f(True, "one torso feeds both heads (the paper's); off: the policy "
+                                  "and the value each get their own (SB3's MlpPolicy on "
+                                  "vector observations; on frames it doubles the CNN work)")
+    init: str = _f("default", "weight initialization: default (torch's, with the policy "
+                              "head's weights x 0.01) or orthogonal (gain sqrt(2) in the "
+                              "torso, 0.01 on the policy head, 1 on the value head, zero "
+                              "biases: SB3's and OpenAI baselines' A2C)", choices=INITS)
+    precision: str = _f("fp32", "arithmetic of the master's forward and backward passes: fp32, "
+                                "or bf16 (torch.autocast to bfloat16: convolutions and "
+                                "matrix products in bf16, the parameters, gradients, "
+                                "RMSProp and the Allreduce stay fp32; about 2-3x faster "
+                                "CNN updates on CPUs with AVX512-BF16 or AMX)",
+                        choices=PRECISIONS)
     overlap: bool = _f(True, "overlap each update with the environments' next step: the "
                              "first action of a round is then chosen by the parameters "
                              "before the previous round's update (one step of policy lag "
@@ -99,6 +128,14 @@ class PAACConfig(AlgoConfig):
         req("lr", self.lr > 0, "must be > 0")
         req("rms_decay", 0 <= self.rms_decay < 1, "must be in [0, 1)")
         req("rms_eps", self.rms_eps > 0, "must be > 0")
+        req("rms_style", self.rms_style in RMS_STYLES, f"must be one of {', '.join(RMS_STYLES)}")
+        req("loss_scale", self.loss_scale > 0 and math.isfinite(self.loss_scale),
+            "must be a finite number > 0")
+        req("activation", self.activation in ACTIVATIONS,
+            f"must be one of {', '.join(ACTIVATIONS)}")
+        req("init", self.init in INITS, f"must be one of {', '.join(INITS)}")
+        req("precision", self.precision in PRECISIONS,
+            f"must be one of {', '.join(PRECISIONS)}")
         req("grad_clip", self.grad_clip >= 0, "must be >= 0")
         req("entropy", self.entropy >= 0, "must be >= 0")
         req("value_coef", self.value_coef > 0, "must be > 0")
@@ -151,24 +188,36 @@ def nstep_returns(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarra
 
 class ActorCritic(nn.Module):
     """A torso (NIPS/Nature CNN on uint8 frames, an MLP on vectors) with a policy head
-    (logits over the actions) and a value head."""
+    (logits over the actions) and a value head; with `shared=False` the value head has
+    a torso of its own."""
 
     def __init__(self, obs_space: gym.Space, n_actions: int, cnn: str = "nips",
-                 hidden: Sequence[int] = (64, 64)):
+                 hidden: Sequence[int] = (64, 64), activation: str = "relu",
+                 shared: bool = True, init: str = "default"):
         super().__init__()
-        self.trunk = torso(obs_space, cnn, hidden)
+        self.trunk = torso(obs_space, cnn, hidden, activation)
+        self.value_trunk = None if shared else torso(obs_space, cnn, hidden, activation)
         self.image = is_image(obs_space)
         self.policy = nn.Linear(self.trunk.out_features, n_actions)
         self.value = nn.Linear(self.trunk.out_features, 1)
-        with torch.no_grad():             # a near-uniform first policy
-            self.policy.weight.mul_(0.01)
-            self.policy.bias.zero_()
+        with torch.no_grad():
+            if init == "orthogonal":
+                for m in self.modules():
+                    if isinstance(m, (nn.Linear, nn.Conv2d)):
+                        nn.init.orthogonal_(m.weight, math.sqrt(2.0))
+                        m.bias.zero_()
+                nn.init.orthogonal_(self.policy.weight, 0.01)
+                nn.init.orthogonal_(self.value.weight, 1.0)
+            else:                         # a near-uniform first policy
+                self.policy.weight.mul_(0.01)
+                self.policy.bias.zero_()
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (B, n_actions), values (B,)) of a batch of observations."""
         z = self.trunk(obs)
+        zv = z if self.value_trunk is None else self.value_trunk(obs)
         return (F.linear(z, self.policy.weight, self.policy.bias),
-                F.linear(z, self.value.weight, self.value.bias).squeeze(-1))
+                F.linear(zv, self.value.weight, self.value.bias).squeeze(-1))
 
 
 def sample_actions(logits: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
@@ -222,15 +271,19 @@ class PAAC(Algorithm):
         self.n_actions = int(act_space.n)
         self.device = torch.device(device)
         self.lr = config.lr
+        self.bf16 = config.precision == "bf16"
         self.clip_rewards = (config.clip_rewards == "on"
                              or (config.clip_rewards == "auto" and self.image))
-        self.net = seeded(seed, lambda: ActorCritic(obs_space, self.n_actions, config.cnn,
-                                                    tuple(config.hidden)))
+        self.net = seeded(seed, lambda: ActorCritic(
+            obs_space, self.n_actions, config.cnn, tuple(config.hidden), config.activation,
+            config.shared_torso, config.init))
         self.net.to(self.device)
         self._params = FlatParams([self.net], self.device)
         self._flat, self._flat_grad = self._params.flat, self._params.grad
+        tf_style = config.rms_style == "tf"
         self.optimizer = FlatRMSProp(self._flat, lr=self.lr, decay=config.rms_decay,
-                                     eps=config.rms_eps)
+                                     eps=config.rms_eps, eps_in_sqrt=tf_style,
+                                     initial_square=1.0 if tf_style else 0.0)
         self.updates = 0
         self.progress = 0.0           # fraction of the run done: anneals the learning rate
         self._last_grad_norm = float("nan")
@@ -252,8 +305,16 @@ class PAAC(Algorithm):
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Sampled actions (N,) int64 for a batch of observations: the master's batched
         forward pass, on its device."""
-        logits, _ = self.net(self._obs(obs))
+        logits, _ = self._forward(self._obs(obs))
         return sample_actions(logits, rng)
+
+    def _forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The network on `obs` at --precision; logits and values come back float32."""
+        if not self.bf16:
+            return self.net(obs)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            logits, values = self.net(obs)
+        return logits.float(), values.float()
 
     # ---- learning ---------------------------------------------------------------------
 
@@ -282,7 +343,8 @@ class PAAC(Algorithm):
             raise KeyError(f"paac batch lacks {missing}")
         obs = batch["obs"]
         t_max, n = np.shape(batch["reward"])
-        logits, values = self.net(self._obs(obs.reshape(((t_max + 1) * n, *obs.shape[2:]))))
+        logits, values = self._forward(self._obs(obs.reshape(((t_max + 1) * n,
+                                                                *obs.shape[2:]))))
         logits = logits.view(t_max + 1, n, -1)[:t_max]
         values = values.view(t_max + 1, n)
         rewards = np.asarray(batch["reward"], np.float64)
@@ -305,8 +367,8 @@ class PAAC(Algorithm):
         policy_loss = -(log_pi * adv * mask).sum() / count
         value_loss = ((returns - v) ** 2 * mask).sum() / count
         mean_entropy = (entropy * mask).sum() / count
-        total = policy_loss + self.config.value_coef * value_loss \
-            - self.config.entropy * mean_entropy
+        total = self.config.loss_scale * (policy_loss + self.config.value_coef * value_loss
+                                          - self.config.entropy * mean_entropy)
         stats: dict[str, float] = {}
         if metrics:
             parts = torch.stack([total.detach(), policy_loss.detach(), value_loss.detach(),
@@ -381,11 +443,12 @@ class PAAC(Algorithm):
         self.progress = float(state["progress"])
 
     def signature(self) -> dict:
-        sig = {**super().signature()}
+        sig = {**super().signature(), "shared_torso": bool(self.config.shared_torso)}
         if self.image:
             sig["cnn"] = self.config.cnn
         else:
             sig["hidden"] = list(self.config.hidden)
+            sig["activation"] = self.config.activation
         return sig
 
     def _obs(self, x: np.ndarray) -> torch.Tensor:
