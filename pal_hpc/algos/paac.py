@@ -219,6 +219,11 @@ class ActorCritic(nn.Module):
         return (F.linear(z, self.policy.weight, self.policy.bias),
                 F.linear(zv, self.value.weight, self.value.bias).squeeze(-1))
 
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy's logits alone (acting needs no value; with separate torsos this
+        skips the value torso)."""
+        return F.linear(self.trunk(obs), self.policy.weight, self.policy.bias)
+
 
 def sample_actions(logits: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
     """One action per row of `logits`, drawn from softmax(logits) with `rng` (numpy:
@@ -301,12 +306,16 @@ class PAAC(Algorithm):
     def policy_params(self) -> np.ndarray:
         return self._flat.detach().cpu().numpy().astype(np.float32, copy=True)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Sampled actions (N,) int64 for a batch of observations: the master's batched
         forward pass, on its device."""
-        logits, _ = self._forward(self._obs(obs))
-        return sample_actions(logits, rng)
+        x = self._obs(obs)
+        if not self.bf16:
+            return sample_actions(self.net.logits(x), rng)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            logits = self.net.logits(x)
+        return sample_actions(logits.float(), rng)
 
     def _forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The network on `obs` at --precision; logits and values come back float32."""
