@@ -19,6 +19,11 @@ shared torso (net_arch []); --cnn nature gives pal_hpc's Nature torso and SB3's 
 NatureCNN, which are the same network.  The parameter counts of both are printed.
 Updates: both every 5 steps of every environment (PAAC's t_max, SB3's n_steps) on
 the whole rollout, RMSProp on both sides; torch one thread per process on both sides.
+pal_hpc runs once per --precisions entry: fp32 (its default) and bf16 (`--precision
+bf16`: its forward and backward passes under torch.autocast to bfloat16; parameters,
+gradients and RMSProp stay fp32).  SB3 runs in fp32, its only mode in A2C.  pal_hpc's
+CNN takes its frames channels-last (oneDNN's fast convolutions); SB3's takes them as
+they come.
 
 Measurement.  pal_hpc runs --warmup-steps + --steps env steps with no periodic
 evaluation (--eval-every 0; the one final evaluation after the loop is outside the
@@ -29,6 +34,7 @@ or after --warmup-steps and stops when learn() returns.  Start-up (MPI, subproce
 emulators) is outside both clocks.  env steps are agent steps (4 frames each).
 
     python bench/bench_paac_atari.py [--nps 2,3,4] [--num-envs 32] [--cnn nips]
+                                     [--precisions fp32,bf16]
                                      [--warmup-steps 5000] [--steps 20000] [--json OUT]
     python bench/bench_paac_atari.py --quick     # smoke run: -n 4, 1,650 + 3,300 steps
 """
@@ -72,9 +78,9 @@ def our_params(env_id: str, cnn: str) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
-def run_ours(np_: int, num_envs: int, args, run_dir: Path) -> dict:
+def run_ours(np_: int, num_envs: int, precision: str, args, run_dir: Path) -> dict:
     cmd = pal_main(np_, "--algo", "paac", "--env", args.env, "--seed", str(args.seed),
-                   "--num-envs", str(num_envs), "--cnn", args.cnn,
+                   "--num-envs", str(num_envs), "--cnn", args.cnn, "--precision", precision,
                    "--total-steps", str(args.warmup_steps + args.steps),
                    "--eval-every", "0", "--eval-episodes", "1",
                    "--run-dir", str(run_dir), "--progress-every", "1000")
@@ -92,7 +98,8 @@ def run_ours(np_: int, num_envs: int, args, run_dir: Path) -> dict:
     i = first[0]
     measured, seconds = int(steps[-1] - steps[i]), float(wall[-1] - wall[i])
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"np": np_, "num_envs": num_envs, "warmup_steps": int(steps[i]),
+    return {"np": np_, "num_envs": num_envs, "precision": precision,
+            "warmup_steps": int(steps[i]),
             "measured_steps": measured, "measured_s": round(seconds, 3),
             "env_steps_per_s": measured / seconds, "env_steps": summary["env_steps"],
             "updates": summary["updates"], "master_time": summary.get("master_time"),
@@ -114,6 +121,8 @@ def main() -> int:
     ap.add_argument("--num-envs", type=int, default=32,
                     help="environments (the nearest multiple of the worker ranks)")
     ap.add_argument("--cnn", choices=("nips", "nature"), default="nips")
+    ap.add_argument("--precisions", default="fp32,bf16",
+                    help="comma-separated pal_hpc --precision values to run")
     ap.add_argument("--warmup-steps", type=int, default=5_000)
     ap.add_argument("--steps", type=int, default=20_000, help="measured env steps")
     ap.add_argument("--seed", type=int, default=0)
@@ -125,6 +134,9 @@ def main() -> int:
     if args.quick:
         args.nps, args.warmup_steps, args.steps = "4", 1_650, 3_300
     nps = [int(x) for x in args.nps.split(",") if x.strip()]
+    precisions = [x.strip() for x in args.precisions.split(",") if x.strip()]
+    if not precisions or set(precisions) - {"fp32", "bf16"}:
+        ap.error(f"--precisions: comma-separated fp32 and/or bf16, got {args.precisions!r}")
     if not nps or min(nps) < 2 or args.num_envs < 1 or args.steps < 1 or args.warmup_steps < 0:
         ap.error("every --nps value must be >= 2, --num-envs and --steps >= 1, "
                  "--warmup-steps >= 0")
@@ -142,7 +154,7 @@ def main() -> int:
         print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
               f"stable_baselines3; install it with `make bench-peers`", flush=True)
 
-    ours: dict[int, dict | None] = {}
+    ours: dict[tuple[int, str], dict | None] = {}
     peers: dict[int, dict | None] = {}
     errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench_paac_atari-") as tmp:
@@ -157,37 +169,41 @@ def main() -> int:
                     errors.append(f"sb3-a2c {e} envs failed: {exc}")
                     print(f"  ({errors[-1]})", file=sys.stderr, flush=True)
                     peers[e] = None
-            try:
-                ours[n] = run_ours(n, e, args, Path(tmp) / f"np{n}")
-                print(f"  pal_hpc -n {n}  {e:>3} envs: {ours[n]['env_steps_per_s']:8.1f} "
-                      f"env steps/s", flush=True)
-            except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError) as exc:
-                errors.append(f"pal_hpc -n {n} failed: {exc}")
-                print(f"  ({errors[-1]})", file=sys.stderr, flush=True)
-                ours[n] = None
+            for pr in precisions:
+                key = (n, pr)
+                try:
+                    ours[key] = run_ours(n, e, pr, args, Path(tmp) / f"np{n}-{pr}")
+                    print(f"  pal_hpc -n {n} {pr} {e:>3} envs: "
+                          f"{ours[key]['env_steps_per_s']:8.1f} env steps/s", flush=True)
+                except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError) as exc:
+                    errors.append(f"pal_hpc -n {n} {pr} failed: {exc}")
+                    print(f"  ({errors[-1]})", file=sys.stderr, flush=True)
+                    ours[key] = None
 
     print(f"\nPAAC vs SB3 A2C {args.env}, {args.cnn} CNN, env steps/s (4 frames each) of "
           f"the whole training loop")
-    print(f"  {'config':<14}{'envs':>6}{'pal_hpc':>10}{'SB3 A2C':>10}{'ours/SB3':>10}"
+    print(f"  {'config':<20}{'envs':>6}{'pal_hpc':>10}{'SB3 A2C':>10}{'ours/SB3':>10}"
           f"{'master busy':>13}{'workers busy':>14}")
     show = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
     ratios = {}
-    for n in nps:
-        o, p = ours[n], peers.get(envs[n])
+    for (n, pr), o in ours.items():
+        p = peers.get(envs[n])
         r = (o["env_steps_per_s"] / p["env_steps_per_s"]) if o and p else None
-        ratios[n] = r
+        ratios[(n, pr)] = r
         busy = (o or {}).get("master_time") or {}
-        print(f"  {'pal_hpc -n ' + str(n):<14}{envs[n]:>6}"
+        print(f"  {f'pal_hpc -n {n} {pr}':<20}{envs[n]:>6}"
               f"{show(o and o['env_steps_per_s'], '.1f'):>10}"
               f"{show(p and p['env_steps_per_s'], '.1f'):>10}"
               f"{show(r, '.2f') + ('x' if r else ''):>10}"
               f"{show(busy.get('busy'), '.0%'):>13}"
               f"{show((o or {}).get('env_worker_busy'), '.0%'):>14}")
-    met = None
-    if GOAL_NP in ratios and ratios[GOAL_NP] is not None:
-        met = ratios[GOAL_NP] >= GOAL
-        print(f"goal, -n {GOAL_NP} vs SB3 A2C with as many environments: >= {GOAL:g}x env "
-              f"steps/s ({ratios[GOAL_NP]:.2f}x): {'MET' if met else 'NOT MET'}")
+    met = {}
+    for pr in precisions:
+        r = ratios.get((GOAL_NP, pr))
+        if r is not None:
+            met[pr] = r >= GOAL
+            print(f"goal, -n {GOAL_NP} {pr} vs SB3 A2C with as many environments: >= "
+                  f"{GOAL:g}x env steps/s ({r:.2f}x): {'MET' if met[pr] else 'NOT MET'}")
     if errors:
         print(f"{len(errors)} run(s) failed (see stderr)")
     if args.json:
@@ -195,9 +211,10 @@ def main() -> int:
         args.json.write_text(json.dumps({
             "env": args.env, "cnn": args.cnn, "warmup_steps": args.warmup_steps,
             "steps": args.steps, "cores": os.cpu_count(), "sb3_version": sb3,
-            "ours": {str(n): ours[n] for n in nps},
+            "precisions": precisions,
+            "ours": {f"{n} {pr}": o for (n, pr), o in ours.items()},
             "sb3": {str(e): p for e, p in peers.items()},
-            "ratios_ours_over_sb3": {str(n): r for n, r in ratios.items()},
+            "ratios_ours_over_sb3": {f"{n} {pr}": r for (n, pr), r in ratios.items()},
             "goal_met": met, "errors": errors}, indent=1))
     return 0
 
