@@ -406,6 +406,31 @@ def test_two_virtual_nodes_keep_identical_masters(tmp_path):
 
 
 @pytest.mark.mpi
+def test_async_update_is_deterministic_and_keeps_masters_identical(tmp_path):
+    """--async-update computes each gradient on a thread during the next round: the
+    result must not depend on the threads' timing (two runs, one digest) and the two
+    virtual nodes' masters must stay bit-identical."""
+    digests = []
+    for k in range(2):
+        run_dir = tmp_path / f"run{k}"
+        proc = launch(4, run_dir, "--ranks-per-node", "2", "--num-envs", "8",
+                      "--total-steps", "3000", "--eval-every", "0", "--async-update")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        s = summary(run_dir)
+        assert s["updates"] == -(-3000 // 80) and s["learner_params_identical"]
+        assert s["master_time"]["update"] > 0 and "update_join" in s["master_time"]
+        with h5py.File(s["checkpoint"], "r") as f:
+            digests.append(f.attrs["params_digest"])
+    assert digests[0] == digests[1]
+    sync = tmp_path / "sync"                 # and it is not the synchronous schedule
+    proc = launch(4, sync, "--ranks-per-node", "2", "--num-envs", "8",
+                  "--total-steps", "3000", "--eval-every", "0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with h5py.File(summary(sync)["checkpoint"], "r") as f:
+        assert f.attrs["params_digest"] != digests[0]
+
+
+@pytest.mark.mpi
 def test_sigterm_checkpoints_and_resume_is_exact(tmp_path):
     run_dir = tmp_path / "run"
     cmd = pal_main(3, *FAST, "--run-dir", str(run_dir), "--total-steps", "100000000",
@@ -470,6 +495,7 @@ def test_a_failing_master_ends_the_job(tmp_path):
     (["--num-envs", "16"], "num_envs: 16 environments cannot be shared evenly by 3 worker"),
     (["--env", "Pendulum-v1"], "env: paac needs a Discrete action space; Pendulum-v1 has Box"),
     (["--learners-per-node", "2"], "learners_per_node: --algo paac runs one master per node"),
+    (["--async-update", "--no-overlap"], "async_update: needs --overlap"),
 ])
 def test_bad_flags_are_refused_before_work(tmp_path, flags, message):
     proc = launch(4, tmp_path / "run", *flags, timeout=60)

@@ -119,6 +119,14 @@ class PAACConfig(AlgoConfig):
                              "first action of a round is then chosen by the parameters "
                              "before the previous round's update (one step of policy lag "
                              "per round); off = strictly synchronous")
+    async_update: bool = _f(False, "with --overlap: compute each round's gradient on a "
+                                   "thread while the environments play the whole next "
+                                   "round, which acts with the same parameters; the step "
+                                   "is taken at that round's end.  Every gradient is then "
+                                   "taken one update after the parameters that collected "
+                                   "its data (a round of policy lag, as A3C-style "
+                                   "asynchronous updates).  The update then hides behind "
+                                   "the environments; off = the paper's synchronous rounds")
 
     def validate(self) -> None:
         super().validate()
@@ -134,6 +142,8 @@ class PAACConfig(AlgoConfig):
         req("activation", self.activation in ACTIVATIONS,
             f"must be one of {', '.join(ACTIVATIONS)}")
         req("init", self.init in INITS, f"must be one of {', '.join(INITS)}")
+        req("async_update", self.overlap or not self.async_update,
+            "needs --overlap (it overlaps the update with a whole round instead of one step)")
         req("precision", self.precision in PRECISIONS,
             f"must be one of {', '.join(PRECISIONS)}")
         req("grad_clip", self.grad_clip >= 0, "must be >= 0")

@@ -12,7 +12,9 @@ checkpoint votes, so every master stops or checkpoints after the same update) an
 the same RMSProp step, so their parameters stay bit-identical.
 
     round k:  for t < t_max: forward(s_t) -> actions -> step_async ... step_wait
-              (overlap on: the update of round k-1 runs inside round k's first step)
+              (overlap on: the update of round k-1 runs inside round k's first step;
+              --async-update: round k-1's gradient runs on a thread through all of
+              round k, which acts with the same parameters, and is applied at its end)
               gradient -> Allreduce over masters -> apply
 
 The budget (--total-steps) is counted in whole rounds of every node, so every master
@@ -34,6 +36,7 @@ import functools
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -64,7 +67,10 @@ SYSTEM_EVERY = 2.0          # seconds between a master's system rows
 # Where a master's wall time goes (seconds, summed); "busy" is forward + update.
 # With overlap on, an update runs while the environments step, so "update" and the
 # environments' stepping overlap and "env_wait" is what is left of the latter.
-TIMES = ("forward", "update", "env_wait", "allreduce_wait", "evaluation", "checkpoint")
+# With --async-update the gradient runs on a thread for a whole round; "update_join" is
+# the main thread's wait for it at the round's end.
+TIMES = ("forward", "update", "env_wait", "update_join", "allreduce_wait", "evaluation",
+         "checkpoint")
 
 
 def check_flags(cfg) -> None:
@@ -227,47 +233,62 @@ class OnPolicyRun(Checkpointing, Summary):
         self._prev_done = np.zeros(n, bool)       # an env whose next step is a reset step
         self._ep_ret, self._ep_len = np.zeros(n), np.zeros(n, np.int64)
         pending = None                  # a finished rollout whose update is still to come
+        lagged = acfg.async_update      # its gradient runs on a thread for a whole round
+        worker = ThreadPoolExecutor(1, thread_name_prefix="paac-update") if lagged else None
         cur = 0
         perf = time.perf_counter
-        while True:
-            if fault_after is not None and time.monotonic() - self.start > fault_after:
-                raise RuntimeError(f"injected fault on rank {self.world.Get_rank()} "
-                                   f"(PAL_HPC_INJECT_FAULT)")
-            ro = rollouts[cur]
-            votes = None
-            for t in range(t_max):
-                t0 = perf()
-                actions = algo.act(ro.obs[t], self.rng)
-                self.times["forward"] += perf() - t0
-                vec.step_async(actions)
-                if pending is not None:             # overlap: learn while envs step
+        try:
+            while True:
+                if fault_after is not None and time.monotonic() - self.start > fault_after:
+                    raise RuntimeError(f"injected fault on rank {self.world.Get_rank()} "
+                                       f"(PAL_HPC_INJECT_FAULT)")
+                ro = rollouts[cur]
+                votes = None
+                grad = None
+                for t in range(t_max):
+                    t0 = perf()
+                    actions = algo.act(ro.obs[t], self.rng)
+                    self.times["forward"] += perf() - t0
+                    vec.step_async(actions)
+                    if pending is not None and lagged:   # learn during the whole round
+                        grad = worker.submit(self._gradient, pending)
+                        pending = None
+                    elif pending is not None:            # overlap: learn while envs step
+                        votes = self._update(pending)
+                        pending = None
+                    t0 = perf()
+                    result = vec.step_wait()
+                    self.times["env_wait"] += perf() - t0
+                    self._record(ro, t, actions, *result[:4])
+                    if votes is not None and votes[0]:
+                        break                             # stop: this round is not learned
+                if grad is not None:                      # the same parameters acted: now step
+                    t0 = perf()
+                    done = grad.result()
+                    self.times["update_join"] += perf() - t0
+                    votes = self._finish_update(*done)
+                if votes is not None and votes[0]:
+                    break
+                if votes is not None and votes[1]:
+                    self._mid_run_checkpoint()
+                self.rounds += 1
+                done_steps = self.rounds * self.steps_per_round + self.restored.get("global_base", 0)
+                algo.set_progress(min(1.0, done_steps / cfg.total_steps))
+                last = done_steps >= cfg.total_steps
+                nxt = rollouts[1 - cur]
+                nxt.obs[0] = ro.obs[t_max]
+                pending, cur = ro, 1 - cur
+                if last or not acfg.overlap:
                     votes = self._update(pending)
                     pending = None
-                t0 = perf()
-                result = vec.step_wait()
-                self.times["env_wait"] += perf() - t0
-                self._record(ro, t, actions, *result[:4])
-                if votes is not None and votes[0]:
-                    break                             # stop: this round is not learned
-            if votes is not None and votes[0]:
-                break
-            if votes is not None and votes[1]:
-                self._mid_run_checkpoint()
-            self.rounds += 1
-            done_steps = self.rounds * self.steps_per_round + self.restored.get("global_base", 0)
-            algo.set_progress(min(1.0, done_steps / cfg.total_steps))
-            last = done_steps >= cfg.total_steps
-            nxt = rollouts[1 - cur]
-            nxt.obs[0] = ro.obs[t_max]
-            pending, cur = ro, 1 - cur
-            if last or not acfg.overlap:
-                votes = self._update(pending)
-                pending = None
-                if votes[1] and not (votes[0] or last):
-                    self._mid_run_checkpoint()
-                if votes[0] or last:
-                    break
-            self._between_rounds(done_steps)
+                    if votes[1] and not (votes[0] or last):
+                        self._mid_run_checkpoint()
+                    if votes[0] or last:
+                        break
+                self._between_rounds(done_steps)
+        finally:
+            if worker is not None:
+                worker.shutdown(wait=True)
 
     def _record(self, ro: Rollout, t: int, actions, obs, rew, term, trunc) -> None:
         """Step t of the round into the rollout; episodes that ended into the counters.
@@ -304,13 +325,24 @@ class OnPolicyRun(Checkpointing, Summary):
     def _update(self, rollout: Rollout) -> tuple[bool, bool]:
         """The round's gradient, summed over the masters with one Allreduce (rank 0's
         votes in its tail), averaged and applied.  Returns the votes (stop, checkpoint)."""
+        return self._finish_update(*self._gradient(rollout))
+
+    def _gradient(self, rollout: Rollout) -> tuple[dict, bool, float]:
+        """The round's gradient into the send buffer: (metrics, whether they are wanted,
+        seconds).  Reads the parameters only, so it may run on the update thread while
+        the main thread acts with the same parameters (--async-update)."""
+        t0 = time.perf_counter()
+        want = (self.algo.updates + 1) % METRICS_EVERY == 0 and self.world.Get_rank() == 0
+        metrics, _ = self.algo.compute_gradients("ac", rollout.batch(),
+                                                 out=self._send[:self.algo.num_params],
+                                                 metrics=want)
+        return metrics, want, time.perf_counter() - t0
+
+    def _finish_update(self, metrics: dict, want: bool, seconds: float) -> tuple[bool, bool]:
+        """Votes into the send buffer's tail, the Allreduce, the averaged step."""
         algo = self.algo
         perf = time.perf_counter
-        t0 = perf()
         n = algo.num_params
-        want = (algo.updates + 1) % METRICS_EVERY == 0 and self.world.Get_rank() == 0
-        metrics, _ = algo.compute_gradients("ac", rollout.batch(), out=self._send[:n],
-                                            metrics=want)
         self._send[n:] = self._votes()
         t1 = perf()
         if self._recv is not self._send:
@@ -319,7 +351,7 @@ class OnPolicyRun(Checkpointing, Summary):
                 time.sleep(2e-5)          # ranks may outnumber cores: yield
         t2 = perf()
         algo.apply_gradients("ac", self._recv[:n], scale=1.0 / self.masters.Get_size())
-        self.times["update"] += (t1 - t0) + (perf() - t2)
+        self.times["update"] += seconds + (perf() - t2)
         self.times["allreduce_wait"] += t2 - t1
         if want:
             self.telemetry.record("learner", (
