@@ -19,9 +19,11 @@ shared torso (net_arch []); --cnn nature gives pal_hpc's Nature torso and SB3's 
 NatureCNN, which are the same network.  The parameter counts of both are printed.
 Updates: both every 5 steps of every environment (PAAC's t_max, SB3's n_steps) on
 the whole rollout, RMSProp on both sides; torch one thread per process on both sides.
-pal_hpc runs once per --precisions entry: fp32 (its default) and bf16 (`--precision
-bf16`: its forward and backward passes under torch.autocast to bfloat16; parameters,
-gradients and RMSProp stay fp32).  SB3 runs in fp32, its only mode in A2C.  pal_hpc's
+pal_hpc runs once per --variants entry: fp32 (its defaults), bf16 (`--precision bf16`:
+its forward and backward passes under torch.autocast to bfloat16; parameters, gradients
+and RMSProp stay fp32) and bf16-async (`--async-update` too: each round's gradient runs
+on a master thread through the next round, one update of policy lag).  SB3 runs in
+fp32, its only mode in A2C, and synchronously.  pal_hpc's
 CNN takes its frames channels-last (oneDNN's fast convolutions); SB3's takes them as
 they come.
 
@@ -34,7 +36,7 @@ or after --warmup-steps and stops when learn() returns.  Start-up (MPI, subproce
 emulators) is outside both clocks.  env steps are agent steps (4 frames each).
 
     python bench/bench_paac_atari.py [--nps 2,3,4] [--num-envs 32] [--cnn nips]
-                                     [--precisions fp32,bf16]
+                                     [--variants fp32,bf16,bf16-async]
                                      [--warmup-steps 5000] [--steps 20000] [--json OUT]
     python bench/bench_paac_atari.py --quick     # smoke run: -n 4, 1,650 + 3,300 steps
 """
@@ -57,6 +59,8 @@ from to_target import PEER_PYTHON, ROOT, peer_available, run_peer_script, tail
 
 GOAL = 3.0          # pal_hpc at -n 4 at least this many times SB3's env steps/s
 GOAL_NP = 4
+VARIANTS = {"fp32": [], "bf16": ["--precision", "bf16"],
+            "bf16-async": ["--precision", "bf16", "--async-update"]}
 
 
 def env_count(wanted: int, workers: int) -> int:
@@ -78,9 +82,9 @@ def our_params(env_id: str, cnn: str) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
-def run_ours(np_: int, num_envs: int, precision: str, args, run_dir: Path) -> dict:
+def run_ours(np_: int, num_envs: int, variant: str, args, run_dir: Path) -> dict:
     cmd = pal_main(np_, "--algo", "paac", "--env", args.env, "--seed", str(args.seed),
-                   "--num-envs", str(num_envs), "--cnn", args.cnn, "--precision", precision,
+                   "--num-envs", str(num_envs), "--cnn", args.cnn, *VARIANTS[variant],
                    "--total-steps", str(args.warmup_steps + args.steps),
                    "--eval-every", "0", "--eval-episodes", "1",
                    "--run-dir", str(run_dir), "--progress-every", "1000")
@@ -98,7 +102,7 @@ def run_ours(np_: int, num_envs: int, precision: str, args, run_dir: Path) -> di
     i = first[0]
     measured, seconds = int(steps[-1] - steps[i]), float(wall[-1] - wall[i])
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"np": np_, "num_envs": num_envs, "precision": precision,
+    return {"np": np_, "num_envs": num_envs, "variant": variant, "flags": VARIANTS[variant],
             "warmup_steps": int(steps[i]),
             "measured_steps": measured, "measured_s": round(seconds, 3),
             "env_steps_per_s": measured / seconds, "env_steps": summary["env_steps"],
@@ -121,8 +125,8 @@ def main() -> int:
     ap.add_argument("--num-envs", type=int, default=32,
                     help="environments (the nearest multiple of the worker ranks)")
     ap.add_argument("--cnn", choices=("nips", "nature"), default="nips")
-    ap.add_argument("--precisions", default="fp32,bf16",
-                    help="comma-separated pal_hpc --precision values to run")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated pal_hpc variants to run, from {', '.join(VARIANTS)}")
     ap.add_argument("--warmup-steps", type=int, default=5_000)
     ap.add_argument("--steps", type=int, default=20_000, help="measured env steps")
     ap.add_argument("--seed", type=int, default=0)
@@ -134,9 +138,9 @@ def main() -> int:
     if args.quick:
         args.nps, args.warmup_steps, args.steps = "4", 1_650, 3_300
     nps = [int(x) for x in args.nps.split(",") if x.strip()]
-    precisions = [x.strip() for x in args.precisions.split(",") if x.strip()]
-    if not precisions or set(precisions) - {"fp32", "bf16"}:
-        ap.error(f"--precisions: comma-separated fp32 and/or bf16, got {args.precisions!r}")
+    variants = [x.strip() for x in args.variants.split(",") if x.strip()]
+    if not variants or set(variants) - set(VARIANTS):
+        ap.error(f"--variants: comma-separated, from {', '.join(VARIANTS)}; got {args.variants!r}")
     if not nps or min(nps) < 2 or args.num_envs < 1 or args.steps < 1 or args.warmup_steps < 0:
         ap.error("every --nps value must be >= 2, --num-envs and --steps >= 1, "
                  "--warmup-steps >= 0")
@@ -169,7 +173,7 @@ def main() -> int:
                     errors.append(f"sb3-a2c {e} envs failed: {exc}")
                     print(f"  ({errors[-1]})", file=sys.stderr, flush=True)
                     peers[e] = None
-            for pr in precisions:
+            for pr in variants:
                 key = (n, pr)
                 try:
                     ours[key] = run_ours(n, e, pr, args, Path(tmp) / f"np{n}-{pr}")
@@ -182,7 +186,7 @@ def main() -> int:
 
     print(f"\nPAAC vs SB3 A2C {args.env}, {args.cnn} CNN, env steps/s (4 frames each) of "
           f"the whole training loop")
-    print(f"  {'config':<20}{'envs':>6}{'pal_hpc':>10}{'SB3 A2C':>10}{'ours/SB3':>10}"
+    print(f"  {'config':<24}{'envs':>6}{'pal_hpc':>10}{'SB3 A2C':>10}{'ours/SB3':>10}"
           f"{'master busy':>13}{'workers busy':>14}")
     show = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
     ratios = {}
@@ -191,14 +195,14 @@ def main() -> int:
         r = (o["env_steps_per_s"] / p["env_steps_per_s"]) if o and p else None
         ratios[(n, pr)] = r
         busy = (o or {}).get("master_time") or {}
-        print(f"  {f'pal_hpc -n {n} {pr}':<20}{envs[n]:>6}"
+        print(f"  {f'pal_hpc -n {n} {pr}':<24}{envs[n]:>6}"
               f"{show(o and o['env_steps_per_s'], '.1f'):>10}"
               f"{show(p and p['env_steps_per_s'], '.1f'):>10}"
               f"{show(r, '.2f') + ('x' if r else ''):>10}"
               f"{show(busy.get('busy'), '.0%'):>13}"
               f"{show((o or {}).get('env_worker_busy'), '.0%'):>14}")
     met = {}
-    for pr in precisions:
+    for pr in variants:
         r = ratios.get((GOAL_NP, pr))
         if r is not None:
             met[pr] = r >= GOAL
@@ -211,7 +215,7 @@ def main() -> int:
         args.json.write_text(json.dumps({
             "env": args.env, "cnn": args.cnn, "warmup_steps": args.warmup_steps,
             "steps": args.steps, "cores": os.cpu_count(), "sb3_version": sb3,
-            "precisions": precisions,
+            "variants": {v: VARIANTS[v] for v in variants},
             "ours": {f"{n} {pr}": o for (n, pr), o in ours.items()},
             "sb3": {str(e): p for e, p in peers.items()},
             "ratios_ours_over_sb3": {f"{n} {pr}": r for (n, pr), r in ratios.items()},

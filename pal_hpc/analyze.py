@@ -127,6 +127,28 @@ def evaluations(run: Run) -> np.ndarray:
     return ev[np.argsort(ev["wall_s"], kind="stable")]
 
 
+TRAIN_WINDOW = 100                 # episodes in the training-return rolling mean
+
+
+def training_returns(run: Run, window: int = TRAIN_WINDOW) -> np.ndarray | None:
+    """The rolling mean of the last `window` training episodes' returns at each episode
+    end, as rows (env_step, wall_s, mean_return) in the order they ended; None without
+    episodes.  Smoother than a few greedy evaluations, but of the exploring policy."""
+    ep = run.metrics.get("episodes")
+    if ep is None or not len(ep):
+        return None
+    ep = ep[np.argsort(ep["wall_s"], kind="stable")]
+    ret = ep["return"].astype(np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(ret)])
+    idx = np.arange(1, len(ret) + 1)
+    lo = np.maximum(idx - window, 0)
+    out = np.empty(len(ret), dtype=[("env_step", "i8"), ("wall_s", "f8"),
+                                    ("mean_return", "f8")])
+    out["env_step"], out["wall_s"] = ep["env_step"], ep["wall_s"]
+    out["mean_return"] = (csum[idx] - csum[lo]) / (idx - lo)
+    return out
+
+
 def run_stats(run: Run, threshold: float | None) -> dict:
     """The table's numbers; the summary wins where it has them (the run's final word)."""
     m, summary = run.metrics, run.summary or {}
@@ -256,22 +278,30 @@ def _pyplot():
 def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None],
                          path: Path) -> None:
     """Evaluation mean return (± std) against env steps (x="env_step") or wall time,
-    with a line at each run's threshold."""
+    the training episodes' rolling mean return as a thin dashed line of the same
+    colour, and a line at each run's threshold."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
         ev = evaluations(run)
+        train = training_returns(run)
         if not ev.size:
-            ax.plot([], [], label=f"{run.name} (no evaluations)")
-            continue
-        line, = ax.plot(ev[x], ev["mean_return"], marker="o", markersize=3, label=run.name)
-        ax.fill_between(ev[x], ev["mean_return"] - ev["std_return"],
-                        ev["mean_return"] + ev["std_return"], color=line.get_color(), alpha=0.2)
+            line, = ax.plot([], [], label=f"{run.name} (no evaluations)")
+        else:
+            line, = ax.plot(ev[x], ev["mean_return"], marker="o", markersize=3,
+                            label=run.name)
+            ax.fill_between(ev[x], ev["mean_return"] - ev["std_return"],
+                            ev["mean_return"] + ev["std_return"], color=line.get_color(),
+                            alpha=0.2)
+        if train is not None:
+            ax.plot(train[x], train["mean_return"], color=line.get_color(), linestyle="--",
+                    linewidth=0.8, alpha=0.8,
+                    label=f"{run.name} training (mean of last {TRAIN_WINDOW} episodes)")
     for threshold in sorted({t for t in thresholds if t is not None}):
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=1,
                    label=f"threshold {threshold:g}")
     ax.set_xlabel("env steps" if x == "env_step" else "wall time (s)")
-    ax.set_ylabel("evaluation mean return")
+    ax.set_ylabel("mean return (greedy evaluations; dashed: training episodes)")
     ax.set_title("Learning curve vs " + ("env steps" if x == "env_step" else "wall time"))
     ax.grid(alpha=0.3)
     ax.legend()

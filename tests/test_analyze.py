@@ -404,3 +404,16 @@ def test_paac_run_is_labelled_masters_and_env_workers(tmp_path):
     assert table["env steps/s (1 master, 3 env workers)"] == "900.0"
     assert table["master gradient batches/s (1 master)"] == "5.5"
     assert not [k for k in table if "actor" in k or "learner" in k or "replay" in k], table
+
+
+def test_training_returns_are_a_rolling_mean_in_end_order():
+    ep = np.zeros(5, EPISODES)
+    ep["env_step"] = [10, 30, 20, 40, 50]
+    ep["wall_s"] = [1.0, 3.0, 2.0, 4.0, 5.0]          # row 2 ended before row 1
+    ep["return"] = [1.0, 3.0, 2.0, 4.0, 5.0]
+    run = analyze.Run("r", ROOT, {"episodes": ep}, None, None)
+    got = analyze.training_returns(run, window=2)
+    np.testing.assert_array_equal(got["env_step"], [10, 20, 30, 40, 50])
+    np.testing.assert_allclose(got["mean_return"], [1.0, 1.5, 2.5, 3.5, 4.5])
+    assert analyze.training_returns(analyze.Run("e", ROOT, {"episodes": ep[:0]}, None,
+                                                None)) is None
