@@ -62,8 +62,8 @@ import tempfile
 from pathlib import Path
 
 from pal_hpc.cluster.launch import mpi_env, pal_main
-from to_target import (PEER_PYTHON, ROOT, fmt, peer_available, ratio, reached,
-                       run_peer_script, tail)
+from to_target import (ROOT, fmt, peer_available, peer_banner, ratio, reached,
+                       run_peer_script, run_seeds, tail)
 
 TIME_KEY = "time_to_target_excl_eval_s"
 # Flags that bring pal_hpc's defaults to the zoo's Pendulum-v1 entry (see the docstring).
@@ -105,31 +105,16 @@ def div(a: float, b: float) -> float | None:
 
 def run_algo(algo: str, configs: list[str], seeds: list[int], args, tmp: Path,
              errors: list[str]) -> dict[str, dict[int, dict | None]]:
-    """Every (seed, config) run of one algorithm, seeds outermost so that slow drifts
-    of the machine's load spread over all configurations alike."""
+    """Every (seed, config) run of one algorithm (`to_target.run_seeds`)."""
     peer = peer_name(algo)
-    records: dict[str, dict[int, dict | None]] = {c: {} for c in configs}
-    for seed in seeds:
-        for cfg in configs:
-            try:
-                if cfg == peer:
-                    rec = run_peer(algo, seed, args)
-                else:
-                    n = int(cfg.rsplit(" ", 1)[1])
-                    rec = run_ours(algo, n, seed, args, tmp / f"{algo}-np{n}-seed{seed}")
-            except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
-                msg = f"{algo} {cfg} seed {seed} failed: {exc}"
-                print(f"  ({msg})", file=sys.stderr, flush=True)
-                errors.append(msg)
-                rec = None
-            records[cfg][seed] = rec
-            t, s = reached(rec, TIME_KEY), reached(rec, "steps_to_target")
-            status = "failed" if rec is None else (
-                f"reached at {s:,.0f} steps, {t:.1f} s excl. eval" if not math.isinf(t)
-                else f"not reached (best {rec.get('best_eval_return') or 0:.1f})")
-            wall = f", run {rec['wall_s']:.1f} s" if rec else ""
-            print(f"  {algo} {cfg:<14} seed {seed}: {status}{wall}", flush=True)
-    return records
+
+    def run_one(cfg: str, seed: int) -> dict:
+        if cfg == peer:
+            return run_peer(algo, seed, args)
+        n = int(cfg.rsplit(" ", 1)[1])
+        return run_ours(algo, n, seed, args, tmp / f"{algo}-np{n}-seed{seed}")
+
+    return run_seeds(configs, seeds, run_one, TIME_KEY, errors, label=f"{algo} ")
 
 
 def summarize(records: dict, configs: list[str], seeds: list[int]) -> dict:
@@ -220,12 +205,8 @@ def main() -> int:
           f"of {args.target:g} excluding evaluation time (eval every {args.eval_every:,} "
           f"steps, {args.eval_episodes} episodes), at most {args.total_steps:,} env steps, "
           f"seeds {seeds}; {os.cpu_count()} cores, one run at a time", flush=True)
-    if sb3:
-        print(f"peer: Stable-Baselines3 {sb3} TD3/SAC, rl-baselines3-zoo Pendulum-v1 "
-              f"hyperparameters (bench/peer_sb3_continuous.py)", flush=True)
-    elif not args.no_peer:
-        print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
-              f"stable_baselines3; install it with `make bench-peers`", flush=True)
+    peer_banner(sb3, args.no_peer, "TD3/SAC, rl-baselines3-zoo Pendulum-v1 "
+                                   "hyperparameters (bench/peer_sb3_continuous.py)")
 
     out = {"env": args.env, "target": args.target, "total_steps": args.total_steps,
            "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,

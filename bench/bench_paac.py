@@ -64,8 +64,8 @@ import tempfile
 from pathlib import Path
 
 from pal_hpc.cluster.launch import mpi_env, pal_main
-from to_target import (PEER_PYTHON, ROOT, fmt, peer_available, ratio, reached,
-                       run_peer_script, tail)
+from to_target import (ROOT, fmt, peer_available, peer_banner, ratio, reached,
+                       run_peer_script, run_seeds, tail)
 
 TIME_KEY = "time_to_target_excl_eval_s"
 PEER = "sb3-a2c"
@@ -156,39 +156,21 @@ def main() -> int:
           f"excluding evaluation time (eval every {args.eval_every:,} steps, "
           f"{args.eval_episodes} episodes), at most {args.total_steps:,} env steps, seeds "
           f"{seeds}; {os.cpu_count()} cores, one run at a time", flush=True)
-    if sb3:
-        print(f"peer: Stable-Baselines3 {sb3} A2C, rl-baselines3-zoo CartPole-v1 "
-              f"hyperparameters (bench/peer_sb3_a2c.py)", flush=True)
-    elif not args.no_peer:
-        print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
-              f"stable_baselines3; install it with `make bench-peers`", flush=True)
+    peer_banner(sb3, args.no_peer, "A2C, rl-baselines3-zoo CartPole-v1 hyperparameters "
+                                   "(bench/peer_sb3_a2c.py)")
 
     ours_cfgs = {f"pal_hpc -n {n} {st}": (n, st) for st in settings for n in nps}
     configs = list(ours_cfgs) + ([PEER] if sb3 else [])
-    records: dict[str, dict[int, dict | None]] = {c: {} for c in configs}
     errors: list[str] = []
+
+    def run_one(cfg: str, seed: int) -> dict:
+        if cfg == PEER:
+            return run_peer(seed, args)
+        n, st = ours_cfgs[cfg]
+        return run_ours(n, st, seed, args, Path(tmp) / f"{n}-{st}-{seed}")
+
     with tempfile.TemporaryDirectory(prefix="bench_paac-") as tmp:
-        # Seeds outermost, so that drifts of the machine's load touch every config alike.
-        for seed in seeds:
-            for cfg in configs:
-                try:
-                    if cfg == PEER:
-                        rec = run_peer(seed, args)
-                    else:
-                        n, st = ours_cfgs[cfg]
-                        rec = run_ours(n, st, seed, args, Path(tmp) / f"{n}-{st}-{seed}")
-                except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
-                    msg = f"{cfg} seed {seed} failed: {exc}"
-                    print(f"  ({msg})", file=sys.stderr, flush=True)
-                    errors.append(msg)
-                    rec = None
-                records[cfg][seed] = rec
-                t, s = reached(rec, TIME_KEY), reached(rec, "steps_to_target")
-                status = "failed" if rec is None else (
-                    f"reached at {s:,.0f} steps, {t:.1f} s excl. eval" if not math.isinf(t)
-                    else f"not reached (best {rec.get('best_eval_return') or 0:.1f})")
-                wall = f", run {rec['wall_s']:.1f} s" if rec else ""
-                print(f"  {cfg:<20} seed {seed}: {status}{wall}", flush=True)
+        records = run_seeds(configs, seeds, run_one, TIME_KEY, errors, width=20)
 
     med = {}
     for cfg in configs:

@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from pal_hpc.cluster.launch import mpi_env, pal_main
-from to_target import fmt, peer_available, ratio, reached, run_peer_script, tail
+from to_target import fmt, peer_available, ratio, reached, run_peer_script, run_seeds, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER = "sb3-dqn"
@@ -109,29 +109,16 @@ def main() -> int:
         print("peer: none (.venv-peers lacks stable_baselines3: `bash bench/install_peers.sh`)",
               flush=True)
 
-    records: dict[str, dict[int, dict | None]] = {c: {} for c in configs}
     errors: list[str] = []
+
+    def run_one(cfg: str, seed: int) -> dict:
+        if cfg == PEER:
+            return run_peer(seed, args)
+        n = int(cfg.rsplit(" ", 1)[1])
+        return run_ours(n, seed, args, Path(tmp) / f"np{n}-seed{seed}")
+
     with tempfile.TemporaryDirectory(prefix="bench_train-") as tmp:
-        for seed in seeds:
-            for cfg in configs:
-                try:
-                    if cfg == PEER:
-                        rec = run_peer(seed, args)
-                    else:
-                        n = int(cfg.rsplit(" ", 1)[1])
-                        rec = run_ours(n, seed, args, Path(tmp) / f"np{n}-seed{seed}")
-                except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
-                    msg = f"{cfg} seed {seed} failed: {exc}"
-                    print(f"  ({msg})", file=sys.stderr, flush=True)
-                    errors.append(msg)
-                    rec = None
-                records[cfg][seed] = rec
-                t, s = reached(rec, "time_to_target_s"), reached(rec, "steps_to_target")
-                status = "failed" if rec is None else (
-                    f"reached at {s:,.0f} steps, {t:.1f} s" if not math.isinf(t)
-                    else f"not reached (best {rec.get('best_eval_return') or 0:.1f})")
-                wall = f", run {rec['wall_s']:.1f} s" if rec else ""
-                print(f"  {cfg:<14} seed {seed}: {status}{wall}", flush=True)
+        records = run_seeds(configs, seeds, run_one, "time_to_target_s", errors)
 
     medians = {}
     for cfg in configs:

@@ -1,6 +1,7 @@
 """What the time-to-target benchmarks share (bench_train.py: DQN; bench_continuous.py:
-TD3/SAC): running the SB3 peer in .venv-peers, and reading and printing times to a
-target where a run that did not get there counts as +infinity."""
+TD3/SAC; bench_paac.py: PAAC): running the SB3 peer in .venv-peers, the seed loop, and
+reading and printing times to a target where a run that did not get there counts as
++infinity."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import math
 import os
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +29,44 @@ def peer_available() -> str | None:
                           "import stable_baselines3 as s; print(s.__version__)"],
                          capture_output=True, text=True, timeout=120)
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def peer_banner(sb3: str | None, no_peer: bool, what: str) -> None:
+    """The line naming the peer (`what`: e.g. "A2C, ... hyperparameters (bench/x.py)"),
+    or why there is none."""
+    if sb3:
+        print(f"peer: Stable-Baselines3 {sb3} {what}", flush=True)
+    elif not no_peer:
+        print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
+              f"stable_baselines3; install it with `make bench-peers`", flush=True)
+
+
+def run_seeds(configs: list[str], seeds: list[int], run_one: Callable[[str, int], dict],
+              time_key: str, errors: list[str], label: str = "", width: int = 14
+              ) -> dict[str, dict[int, dict | None]]:
+    """Every (seed, config) run, seeds outermost so that slow drifts of the machine's
+    load spread over all configurations alike; `run_one(cfg, seed)` returns the run's
+    record.  A failed run is recorded as None, its message printed to stderr and added
+    to `errors`; each run's outcome is printed as it ends."""
+    note = " excl. eval" if "excl_eval" in time_key else ""
+    records: dict[str, dict[int, dict | None]] = {c: {} for c in configs}
+    for seed in seeds:
+        for cfg in configs:
+            try:
+                rec = run_one(cfg, seed)
+            except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                msg = f"{label}{cfg} seed {seed} failed: {exc}"
+                print(f"  ({msg})", file=sys.stderr, flush=True)
+                errors.append(msg)
+                rec = None
+            records[cfg][seed] = rec
+            t, s = reached(rec, time_key), reached(rec, "steps_to_target")
+            status = "failed" if rec is None else (
+                f"reached at {s:,.0f} steps, {t:.1f} s{note}" if not math.isinf(t)
+                else f"not reached (best {rec.get('best_eval_return') or 0:.1f})")
+            wall = f", run {rec['wall_s']:.1f} s" if rec else ""
+            print(f"  {label}{cfg:<{width}} seed {seed}: {status}{wall}", flush=True)
+    return records
 
 
 def run_peer_script(script: str, args: list[str], timeout: float) -> dict:
