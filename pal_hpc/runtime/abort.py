@@ -76,3 +76,21 @@ def injected_fault_after(rank: int) -> float | None:
         return None
     target, _, after = spec.partition(":")
     return float(after or 0) if int(target) == rank else None
+
+
+_stalled = False
+
+
+def stall_once(rank: int) -> None:
+    """PAL_HPC_INJECT_STALL="RANK:SECONDS" makes that rank sleep that long, once, the
+    first time it calls this: how the tests make one rank slower than the others on
+    purpose, so that a collective that depends on a rank's own clock mismatches every
+    time instead of once in a while."""
+    global _stalled
+    spec = os.environ.get("PAL_HPC_INJECT_STALL", "")
+    if _stalled or not spec:
+        return
+    target, _, seconds = spec.partition(":")
+    if int(target) == rank:
+        _stalled = True
+        time.sleep(float(seconds or 0))

@@ -7,9 +7,10 @@ t_max steps computes the round's gradient.  The node's other ranks are *environm
 workers*: `LockstepVectorEnv.attach` turns them into servers of their share of the
 node's `num_envs` environments, stepped through the node's shared window, until the
 master closes the vector env.  The masters form their own communicator: each update
-they sum their gradients with one Allreduce (its tail carries rank 0's stop and
-checkpoint votes, so every master stops or checkpoints after the same update) and take
-the same RMSProp step, so their parameters stay bit-identical.
+they sum their gradients with one Allreduce (its tail carries rank 0's stop,
+checkpoint and counter-round votes, so every master stops, checkpoints and starts a
+round of the job-wide counters after the same update) and take the same RMSProp step,
+so their parameters stay bit-identical.
 
     round k:  for t < t_max: forward(s_t) -> actions -> step_async ... step_wait
               (overlap on: the update of round k-1 runs inside round k's first step;
@@ -55,7 +56,7 @@ from pal_hpc.io.rundir import claim_run_dir
 from pal_hpc.io.schema import streams_for
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
-from pal_hpc.runtime.abort import JobError, injected_fault_after
+from pal_hpc.runtime.abort import JobError, injected_fault_after, stall_once
 from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
@@ -71,6 +72,11 @@ SYSTEM_EVERY = 2.0          # seconds between a master's system rows
 # the main thread's wait for it at the round's end.
 TIMES = ("forward", "update", "env_wait", "update_join", "allreduce_wait", "evaluation",
          "checkpoint")
+# Rank 0's votes in the tail of each update's Allreduce: the masters act on them after
+# the same update.  "counters" starts a round of the job-wide counters (StatsRounds): a
+# master's own clock must not decide it, or one master posts a round the others never
+# match and the run hangs at its end.
+VOTES = ("stop", "checkpoint", "counters")
 
 
 def check_flags(cfg) -> None:
@@ -178,8 +184,9 @@ class OnPolicyRun(Checkpointing, Summary):
             self.telemetry = Telemetry(self.masters.Dup(), streams=self.streams)
             self.ckpt_comm = self.masters.Dup()
             n = self.algo.num_params
-            self._send = np.zeros(n + 2, np.float32)
-            self._recv = self._send if self.masters.Get_size() == 1 else np.zeros(n + 2, np.float32)
+            self._send = np.zeros(n + len(VOTES), np.float32)
+            self._recv = (self._send if self.masters.Get_size() == 1
+                          else np.zeros(n + len(VOTES), np.float32))
         self.obs_space = obs_space
         found = world.bcast(on_rank0(world, self._find_checkpoint) if cfg.resume else None,
                             root=0)
@@ -285,7 +292,7 @@ class OnPolicyRun(Checkpointing, Summary):
                         self._mid_run_checkpoint()
                     if votes[0] or last:
                         break
-                self._between_rounds(done_steps)
+                self._between_rounds(done_steps, counters=votes is not None and votes[2])
         finally:
             if worker is not None:
                 worker.shutdown(wait=True)
@@ -322,9 +329,9 @@ class OnPolicyRun(Checkpointing, Summary):
     def _global_steps(self) -> int:
         return self.rounds * self.steps_per_round + self.restored.get("global_base", 0)
 
-    def _update(self, rollout: Rollout) -> tuple[bool, bool]:
+    def _update(self, rollout: Rollout) -> tuple[bool, ...]:
         """The round's gradient, summed over the masters with one Allreduce (rank 0's
-        votes in its tail), averaged and applied.  Returns the votes (stop, checkpoint)."""
+        votes in its tail), averaged and applied.  Returns the votes (`VOTES`)."""
         return self._finish_update(*self._gradient(rollout))
 
     def _gradient(self, rollout: Rollout) -> tuple[dict, bool, float]:
@@ -338,7 +345,7 @@ class OnPolicyRun(Checkpointing, Summary):
                                                  metrics=want)
         return metrics, want, time.perf_counter() - t0
 
-    def _finish_update(self, metrics: dict, want: bool, seconds: float) -> tuple[bool, bool]:
+    def _finish_update(self, metrics: dict, want: bool, seconds: float) -> tuple[bool, ...]:
         """Votes into the send buffer's tail, the Allreduce, the averaged step."""
         algo = self.algo
         perf = time.perf_counter
@@ -357,17 +364,20 @@ class OnPolicyRun(Checkpointing, Summary):
             self.telemetry.record("learner", (
                 algo.updates, time.monotonic() - self.start, self._global_steps(),
                 *[metrics.get(name, np.nan) for name in self.algo_class.metric_names]))
-        return bool(self._recv[n] > 0), bool(self._recv[n + 1] > 0)    # stop, checkpoint
+        return tuple(bool(v > 0) for v in self._recv[n:])             # VOTES
 
-    def _votes(self) -> tuple[float, float]:
+    def _votes(self) -> tuple[float, float, float]:
         coord = self.coord
         if coord is None:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         return (1.0 if coord.stop_reason else 0.0,
-                1.0 if self._checkpoint_asked else 0.0)
+                1.0 if self._checkpoint_asked else 0.0,
+                1.0 if self.stats.due() else 0.0)
 
-    def _between_rounds(self, global_steps: int) -> None:
-        """Counters, the coordinator, evaluations, telemetry: once per round."""
+    def _between_rounds(self, global_steps: int, counters: bool) -> None:
+        """Counters, the coordinator, evaluations, telemetry: once per round.  A round of
+        the job-wide counters starts where the masters agreed (`counters`, rank 0's
+        vote), never on a master's own clock."""
         cfg, stats = self.cfg, self.stats
         stats.set(S.ENV_STEPS, self.node_steps)
         if self.world.Get_rank() == 0:
@@ -388,7 +398,8 @@ class OnPolicyRun(Checkpointing, Summary):
             stats.add(S.EVAL_SECONDS, time.perf_counter() - t0)
             self.times["evaluation"] += time.perf_counter() - t0
             self.next_eval = (global_steps // cfg.eval_every + 1) * cfg.eval_every
-        if stats.poll() and self.coord is not None and not self.coord.stop_reason:
+        stall_once(self.world.Get_rank())
+        if stats.poll(start=counters) and self.coord is not None and not self.coord.stop_reason:
             if not self.coord.observe(stats.total) and self.coord.checkpoint_due():
                 self._checkpoint_asked = True
         self._system_row()

@@ -29,7 +29,7 @@ from pal_hpc.io.schema import streams_for
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
-from pal_hpc.runtime.abort import JobError, injected_fault_after
+from pal_hpc.runtime.abort import JobError, injected_fault_after, stall_once
 from pal_hpc.runtime.actor import Actor
 from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
@@ -234,6 +234,7 @@ class RankRun(Checkpointing, Summary):
             stats.set(S.PREEMPT, 1)     # checkpoint at the next safe point, then stop
         if self.me.local_rank == 0:
             stats.set(S.REPLAY_SIZE, self.replay.size())
+        stall_once(self.world.Get_rank())
         if stats.poll():
             self.steps_sent = self.actor.steps if self.actor is not None else 0
             if self.coord is not None and not self.stop_asked and self.coord.observe(stats.total):

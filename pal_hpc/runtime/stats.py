@@ -7,6 +7,14 @@ the sums to print progress and decide when to stop, and asks for the stop in
 its next contribution; every rank sees the stop in the same round's result.
 Cumulative counters (steps, updates) give totals; per-round deltas (episode
 returns, evaluations) are zeroed once sent.
+
+Every rank must start the same number of rounds, whatever its clock.  The
+off-policy loop gets that from the stop itself: it travels in a round's result,
+every rank sees it in the same round, and nobody starts another.  A loop that
+stops by other means (PAAC's masters stop after an agreed update) cannot let each
+rank's clock decide when a round starts -- one master would post a round the
+other never matches, and hang at the end -- so it passes `start`, decided once and
+shared with everyone (rank 0's `due()`, carried in its gradient Allreduce).
 """
 
 from __future__ import annotations
@@ -49,32 +57,52 @@ class StatsRounds:
     def set(self, slot: int, value: float) -> None:
         self.mine[slot] = value
 
-    def poll(self) -> bool:
-        """Progress the current round; start the next when due.  True when a round completed."""
-        done = False
-        if self._req is not None and self._req.Test():
-            self._req = None
-            self.total[:] = self._recv
-            self.rounds += 1
-            done = True
-        if self._req is None and not self.stopping:
-            now = time.monotonic()
-            if now - self._last_start >= self.period:
-                self._send[:] = self.mine
-                for slot in DELTAS:
-                    self.mine[slot] = 0.0
-                self._req = self.comm.Iallreduce(self._send, self._recv, op=MPI.SUM)
-                self._last_start = now
+    def due(self) -> bool:
+        """`period` seconds have passed since this rank started its last round."""
+        return time.monotonic() - self._last_start >= self.period
+
+    def poll(self, start: bool | None = None) -> bool:
+        """Progress the current round and maybe start the next.  True when a round
+        completed.
+
+        `start=None`: the next round starts once the last one completed and `due()`
+        holds on this rank's clock (safe only where the stop travels in the rounds, see
+        the module docstring).  `start=True/False`: the caller decides, the same way on
+        every rank; True waits for the round in flight (every rank has started it, so
+        the wait is short) and then starts the next."""
+        done = self._complete(wait=bool(start))
+        if start is None:
+            start = self._req is None and self.due()
+        if start and not self.stopping:
+            self._send[:] = self.mine
+            for slot in DELTAS:
+                self.mine[slot] = 0.0
+            self._req = self.comm.Iallreduce(self._send, self._recv, op=MPI.SUM)
+            self._last_start = time.monotonic()
         return done
+
+    def _complete(self, wait: bool) -> bool:
+        if self._req is None:
+            return False
+        if wait:
+            self.finish()
+            return True
+        if not self._req.Test():
+            return False
+        self._take()
+        return True
+
+    def _take(self) -> None:
+        self._req = None
+        self.total[:] = self._recv
+        self.rounds += 1
 
     def finish(self, timeout: float = 120.0) -> None:
         """Wait (sleeping, not spinning) for the round in flight, if any."""
         deadline = time.monotonic() + timeout
         while self._req is not None:
             if self._req.Test():
-                self._req = None
-                self.total[:] = self._recv
-                self.rounds += 1
+                self._take()
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError("a statistics round did not complete: a rank is stuck")
