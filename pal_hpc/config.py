@@ -22,6 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+# ConfigError and option live in pal_hpc.options (the algorithms import them from there,
+# this module imports the algorithms); they stay importable from here too.
+from pal_hpc.options import ConfigError, option
+
 DEVICES = ("auto", "cpu", "cuda")
 MAX_FANOUT = 4096  # the native KSumTree's limit
 MAX_SEED = 2**32 - 1
@@ -32,18 +36,6 @@ MAX_REPLAY_RATIO = 1e6
 # or AUTO (the planner, pal_hpc.plan, picks the split at start-up).
 AUTO = "auto"
 PerNode = float | str
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message starts with the field name."""
-
-
-def option(default: Any, help: str, **extra: Any) -> Any:
-    """A dataclass field carrying its `--help` text (and optional `choices`): a flag."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **extra})
-    return field(default=default, metadata={"help": help, **extra})
-
 
 _f = option
 
@@ -247,7 +239,7 @@ def _check_env(env_id: str) -> None:
 
 
 def _is_atari(env_id: str) -> bool:
-    from pal_hpc.envs.make import is_atari   # envs imports this module (ConfigError)
+    from pal_hpc.envs.make import is_atari   # imports gymnasium: only when validating
 
     return is_atari(env_id)
 
@@ -256,8 +248,8 @@ def _is_atari(env_id: str) -> bool:
 # Types: plain JSON/TOML values <-> field values, checked strictly (no silent coercion).
 
 def algorithms() -> dict[str, Any]:
-    """The algorithm registry, name -> Algorithm class (imported when first needed:
-    the algorithms' modules import this one for `option` and ConfigError)."""
+    """The algorithm registry, name -> Algorithm class (imported when first needed: the
+    registry imports torch, which `--help` and config validation should not wait for)."""
     from pal_hpc.algos import ALGOS
 
     return ALGOS

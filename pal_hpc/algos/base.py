@@ -34,13 +34,13 @@ import numpy as np
 import torch
 
 from pal_hpc.algos.nets import FlatParams
-from pal_hpc.config import ConfigError
+from pal_hpc.options import ConfigError
 
 
 @dataclasses.dataclass
 class AlgoConfig:
     """Base of an algorithm's hyper-parameters.  Each field needs `help` metadata
-    (use `pal_hpc.config._f`); `validate` raises ConfigError naming the field."""
+    (use `pal_hpc.options.option`); `validate` raises ConfigError naming the field."""
 
     def validate(self) -> None:
         """Every float field must be finite; subclasses add their own checks."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from pal_hpc.config import ConfigError
+from pal_hpc.options import ConfigError
 
 # (out_channels, kernel, stride) of each conv layer, and the width of the dense layer.
 NATURE = ((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512    # Mnih et al. 2015

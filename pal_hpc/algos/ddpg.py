@@ -35,7 +35,7 @@ from torch import nn
 from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
 from pal_hpc.algos.nets import MLP, FlatParams, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
-from pal_hpc.config import option as _f
+from pal_hpc.options import option as _f
 
 # The arrays a loss batch carries.
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")

@@ -30,7 +30,7 @@ from pal_hpc.algos.cnn import KINDS as CNN_KINDS
 from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
 from pal_hpc.algos.nets import FlatParams, MLPTorso, is_image, seeded, torso
 from pal_hpc.algos.optim import FlatAdam
-from pal_hpc.config import option as _f
+from pal_hpc.options import option as _f
 
 # The arrays a loss batch carries (see DQN.loss).
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")

@@ -48,8 +48,8 @@ from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
 from pal_hpc.algos.cnn import KINDS as CNN_KINDS
 from pal_hpc.algos.nets import ACTIVATIONS, FlatParams, is_image, seeded, torso
 from pal_hpc.algos.optim import FlatRMSProp
-from pal_hpc.config import ConfigError
-from pal_hpc.config import option as _f
+from pal_hpc.options import ConfigError
+from pal_hpc.options import option as _f
 
 BATCH_KEYS = ("obs", "action", "reward", "terminated", "truncated", "valid")
 NUM_ENVS = 32            # per node (the paper's n_e); auto rounds it to the workers

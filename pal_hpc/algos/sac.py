@@ -28,7 +28,7 @@ from torch import nn
 from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
 from pal_hpc.algos.nets import MLP, FlatParams, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
-from pal_hpc.config import option as _f
+from pal_hpc.options import option as _f
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)

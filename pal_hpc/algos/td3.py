@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from pal_hpc.algos.ddpg import DDPG, DDPGConfig
-from pal_hpc.config import option as _f
+from pal_hpc.options import option as _f
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from pal_hpc.config import ConfigError
+from pal_hpc.options import ConfigError
 
 _registered_ale = False
 
