@@ -1,5 +1,5 @@
 """Scaling: env steps/s and updates/s at 1, 2, 4 and 8 ranks and on virtual nodes,
-each measured beside the planner's prediction (pal_hpc/plan.py), with the relative
+each measured beside the planner's prediction (pal_hpc/plan/), with the relative
 error and the parallel efficiency.
 
 Each row is one `mpiexec -n N python -m mpi4py -m pal_hpc.main` run of --wall seconds

@@ -37,13 +37,10 @@ from pal_hpc.envs import action_info, make_env, obs_info
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
 from pal_hpc.runtime.learner import METRICS_EVERY, Learner
 from pal_hpc.runtime.nstep import transition_spec
+from pal_hpc.runtime.pacing import IDLE_SLEEP, REDUCING_SLEEP
 from pal_hpc.runtime.preflight import check_replay_fits
 from pal_hpc.runtime.summary import Summary
 from pal_hpc.runtime.telemetry import Telemetry, open_job_log, percentile_ms, rss_mb
-
-
-IDLE_SLEEP = 0.001          # seconds an idle rank sleeps between loop turns
-REDUCING_SLEEP = 0.00002    # ... while its learner waits for an Allreduce
 
 
 class RankRun(Checkpointing, Summary):

@@ -70,7 +70,6 @@ class Summary:
             "evaluations": coord.evals,
         }
         if getattr(self.topo, "plan", None):    # --actors/--learners-per-node auto
-            from pal_hpc.plan import beside_run
             summary["plan"] = beside_run(self.topo.plan, summary)
         run_dir = Path(cfg.resolved_run_dir())
         _write_json(run_dir / "config.json", config_to_dict(cfg))
@@ -90,3 +89,19 @@ def _write_json(path: Path, obj) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         print(f"pal_hpc: error: could not write {path}: {exc}", file=sys.stderr, flush=True)
+
+
+def beside_run(plan: dict, summary: dict) -> dict:
+    """The plan with what the run measured beside it (whole-run averages: the warm-up
+    before learning_starts and the evaluations are in them) and the relative error of
+    the prediction, (predicted - measured) / measured."""
+    wall = summary.get("wall_s") or 0.0
+    out = {k: v for k, v in plan.items()}
+    if wall > 0:
+        measured = {"env_steps_per_s": summary["env_steps"] / wall,
+                    "updates_per_s": summary["updates"] / wall}
+        measured["gradient_batches_per_s"] = measured["updates_per_s"] * plan["learners"]
+        out["measured"] = measured
+        out["relative_error"] = {k: (plan[k] - v) / v if v > 0 else None
+                                 for k, v in measured.items()}
+    return out
