@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from pal_hpc.io.metrics import (MetricsLog, MetricsReadError, log_segments, open_run_log,
-                                read_metrics, read_run_metrics, run_attributes)
+                                read_metrics, read_run_metrics)
+from pal_hpc.io.provenance import run_attributes
 from pal_hpc.io.schema import STREAMS
 
 from conftest import ROOT

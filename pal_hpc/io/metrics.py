@@ -22,15 +22,11 @@ file's size first and refuses a truncated file at once.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import platform
 import re
 import struct
-import subprocess
 import time
 import warnings
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +43,6 @@ _SEGMENT = re.compile(r"metrics(?:\.(\d+))?\.h5")     # metrics.h5, metrics.1.h5
 # "latest" HDF5 2.x writes object versions those tools cannot read.  The high bound
 # leaves every newer feature allowed.
 LIBVER = ("v110", "latest")
-VERSIONED_PACKAGES = ("numpy", "torch", "gymnasium", "h5py", "mpi4py")
 
 
 def _attr_value(key: str, value: Any) -> Any:
@@ -391,41 +386,3 @@ def read_run_metrics(run_dir: str | Path) -> dict:
     for name in STREAMS:
         out[name] = np.concatenate([part[name] for part in parts])
     return out
-
-
-def _git_commit() -> str:
-    """HEAD of the checkout the package runs from, or "" (installed copy, no git)."""
-    try:
-        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return res.stdout.strip() if res.returncode == 0 else ""
-
-
-def _versions() -> dict[str, str]:
-    """Versions of the stack, from package metadata (importing torch would take seconds)."""
-    import pal_hpc
-
-    versions = {"python": platform.python_version()}
-    for name in VERSIONED_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = ""
-    versions["hdf5"] = h5py.version.hdf5_version
-    versions["pal_hpc"] = pal_hpc.__version__
-    return versions
-
-
-def run_attributes(cfg_dict: dict, layout: dict, hosts: list, mpi_library: str) -> dict:
-    """The root attributes the runtime gives `MetricsLog`: what ran, where, with what."""
-    return {
-        "config": cfg_dict,
-        "versions": _versions(),
-        "mpi_library": mpi_library,
-        "layout": layout,
-        "hosts": hosts,
-        "start_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git_commit(),
-    }
