@@ -130,14 +130,18 @@ def evaluations(run: Run) -> np.ndarray:
 TRAIN_WINDOW = 100                 # episodes in the training-return rolling mean
 
 
-def training_returns(run: Run, window: int = TRAIN_WINDOW) -> np.ndarray | None:
+def training_returns(run: Run, window: int = TRAIN_WINDOW, by: str = "wall_s"
+                     ) -> np.ndarray | None:
     """The rolling mean of the last `window` training episodes' returns at each episode
-    end, as rows (env_step, wall_s, mean_return) in the order they ended; None without
+    end, as rows (env_step, wall_s, mean_return) in the order of `by` ("wall_s": the
+    order they ended; "env_step": the job's env step at their end, which rows from
+    different actors reach in another order), the other as the tie-break; None without
     episodes.  Smoother than a few greedy evaluations, but of the exploring policy."""
     ep = run.metrics.get("episodes")
     if ep is None or not len(ep):
         return None
-    ep = ep[np.argsort(ep["wall_s"], kind="stable")]
+    other = {"wall_s": "env_step", "env_step": "wall_s"}[by]
+    ep = ep[np.lexsort((ep[other], ep[by]))]
     ret = ep["return"].astype(np.float64)
     csum = np.concatenate([[0.0], np.cumsum(ret)])
     idx = np.arange(1, len(ret) + 1)
@@ -284,7 +288,7 @@ def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None]
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
         ev = evaluations(run)
-        train = training_returns(run)
+        train = training_returns(run, by=x)       # x grows along the dashed line
         if not ev.size:
             line, = ax.plot([], [], label=f"{run.name} (no evaluations)")
         else:

@@ -415,5 +415,12 @@ def test_training_returns_are_a_rolling_mean_in_end_order():
     got = analyze.training_returns(run, window=2)
     np.testing.assert_array_equal(got["env_step"], [10, 20, 30, 40, 50])
     np.testing.assert_allclose(got["mean_return"], [1.0, 1.5, 2.5, 3.5, 4.5])
+    # Two actors' rows: the env-step estimate of one runs ahead of the other's.
+    ep["env_step"] = [10, 40, 20, 50, 30]
+    by_step = analyze.training_returns(run, window=2, by="env_step")
+    np.testing.assert_array_equal(by_step["env_step"], [10, 20, 30, 40, 50])
+    np.testing.assert_array_equal(by_step["wall_s"], [1.0, 2.0, 5.0, 3.0, 4.0])
+    np.testing.assert_allclose(by_step["mean_return"], [1.0, 1.5, 3.5, 4.0, 3.5])
+    assert np.all(np.diff(analyze.training_returns(run, window=2)["wall_s"]) > 0)
     assert analyze.training_returns(analyze.Run("e", ROOT, {"episodes": ep[:0]}, None,
                                                 None)) is None

@@ -52,6 +52,8 @@ def test_training_runs_end_to_end(mpi, tmp_path, nprocs, extra, nodes, actors, l
     # Every episode the actors finished (counted in the job-wide counters) is logged.
     assert len(m["episodes"]) == summary["episodes"] > 0
     assert set(m["episodes"]["actor"]) == set(range(actors))
+    # An episode's (estimated) env step never passes the budget.
+    assert 0 <= m["episodes"]["env_step"].min() and m["episodes"]["env_step"].max() <= 3000
     assert len(m["learner"]) > 0 and np.all(np.diff(m["learner"]["update"]) > 0)
     assert len(m["evaluation"]) >= 1
     assert set(m["system"]["rank"]) == set(range(nprocs))

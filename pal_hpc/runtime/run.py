@@ -190,12 +190,17 @@ class RankRun(Checkpointing, Summary):
         actor.step(max(global_steps, actor.steps * self.n_actors))
         stats.set(S.ENV_STEPS, actor.steps)
         now = time.monotonic() - self.start
+        # The job's env step at these episodes' end, estimated as the budget check above
+        # does (the last round's total plus this actor's steps since, as if every actor
+        # had taken as many), and never past the budget: rows from different actors stay
+        # close to each other and within the run's count.
+        ep_step = int(min(global_steps + (actor.steps - self.steps_sent) * self.n_actors,
+                          cfg.total_steps))
         for ret, length in actor.drain_episodes():
             stats.add(S.EPISODES, 1)
             stats.add(S.RETURN_SUM, ret)
             stats.add(S.RETURN_COUNT, 1)
-            self.telemetry.record("episodes", (int(max(global_steps, actor.steps * self.n_actors)),
-                                               now, self.me.actor_index, ret, length))
+            self.telemetry.record("episodes", (ep_step, now, self.me.actor_index, ret, length))
         if self.evaluator and global_steps >= self.next_eval and stats.mine[S.EVAL_COUNT] == 0:
             actor.pull_weights()
             t0 = time.monotonic()
