@@ -1,4 +1,5 @@
 """Build pal_hpc and its native core (cython/ -> pal_hpc.replay._ksumtree, _replaycore,
+_framecore,
 pal_hpc.cluster._seqlock,
 pal_hpc.envs._lockstep).
 
@@ -35,6 +36,15 @@ extensions = [
         sources=["cython/replaycore.pyx"],
         include_dirs=["cython", np.get_include()],
         depends=["cython/ksum_core.h", "cython/sync_core.h"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    ),
+    Extension(
+        "pal_hpc.replay._framecore",
+        sources=["cython/framecore.pyx"],
+        include_dirs=["cython", np.get_include()],
+        depends=["cython/ksum_core.h", "cython/sync_core.h", "cython/frames_core.h"],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

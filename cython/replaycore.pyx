@@ -56,6 +56,16 @@ def control_words(regions):
     return REGION_BASE + WORDS_PER_REGION * int(regions)
 
 
+def lock_word():
+    """Index, in the control block, of the tree lock (frame replay takes the same lock)."""
+    return LOCK_WORD
+
+
+def max_priority_word():
+    """Index, in the control block, of the max priority (a double) new data gets."""
+    return MAXP_WORD
+
+
 def writes_word(r):
     """Index, in the control block, of region r's insert counter (writes ever published)."""
     return REGION_BASE + WORDS_PER_REGION * int(r)

@@ -48,6 +48,9 @@ def _check_spec(spec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
             raise ValueError(f"spec field name {name!r} must be an identifier string")
         if name in RESERVED:
             raise ValueError(f"spec field name {name!r} is reserved (sample() returns it)")
+        if type(entry).__name__ == "FrameStack":
+            raise ValueError(f"spec[{name!r}] is a FrameStack: build a FrameStackReplay "
+                             f"(pal_hpc.replay.frames) for frame-stack fields")
         try:
             shape, dtype = entry
         except (TypeError, ValueError):
@@ -95,9 +98,10 @@ class _Layout:
     nbytes: int
 
 
-def _plan(spec, capacity: int, regions: int, fanout) -> _Layout:
-    """The layout of a buffer; Python ints throughout, so nothing wraps."""
-    words = control_words(regions)
+def _plan(spec, capacity: int, regions: int, fanout, extra_words: int = 0) -> _Layout:
+    """The layout of a buffer; Python ints throughout, so nothing wraps.  `extra_words`
+    control words follow the regions' (a frame replay keeps its stream counters there)."""
+    words = control_words(regions) + extra_words
     tree_nbytes = KSumTree.nbytes(capacity, fanout)      # validates fanout and capacity
     off = _round_up(8 * words)
     tree_off = off
@@ -198,15 +202,29 @@ class SharedReplay:
         if comm is not None:
             comm.Barrier()
 
-        bounds = [r * self.capacity // self.regions for r in range(self.regions + 1)]
-        self._region_start = bounds[:-1]
-        self._region_len = [bounds[r + 1] - bounds[r] for r in range(self.regions)]
+        self._region_start, self._region_len = self._region_bounds()
+        # Rings: the runs of slots filled in ring order from their first slot (a
+        # region here; a stream of a frame replay), as checkpoints save them.
+        self._ring_start, self._ring_len = self._ring_bounds()
         names = list(self.spec)
         self._row_bytes = np.array([lay.row_bytes[n] for n in names], dtype=np.int64)
         self._src = np.array([self._columns[n].ctypes.data for n in names], dtype=np.uintp)
         # sample()'s generator when the caller passes none: one per instance, not
         # one seeded from the OS per call (12 us each).
         self._rng = np.random.default_rng()
+
+    def _region_bounds(self) -> tuple[list[int], list[int]]:
+        """(first slots, lengths) of the regions."""
+        bounds = [r * self.capacity // self.regions for r in range(self.regions + 1)]
+        return bounds[:-1], [bounds[r + 1] - bounds[r] for r in range(self.regions)]
+
+    def _ring_bounds(self) -> tuple[list[int], list[int]]:
+        """(first slots, lengths) of the rings."""
+        return self._region_start, self._region_len
+
+    def _ring_writes(self, control) -> list[int]:
+        """Rows ever written to each ring, from a control block (live or saved)."""
+        return [int(control[writes_word(r)]) for r in range(self.regions)]
 
     @staticmethod
     def _validate(spec, capacity, regions, fanout):
@@ -360,12 +378,11 @@ class SharedReplay:
             rng = self._rng
         elif not isinstance(rng, np.random.Generator):
             rng = np.random.default_rng(rng)
-        if core.total() <= 0 and self.size() == 0:
-            raise ValueError("cannot sample: the buffer holds no transitions yet")
+        self._check_samplable(core)
 
         # First pass straight into the output arrays; rows that were being
         # rewritten while we copied them (rare) are redrawn in their own strata.
-        out = {n: np.empty((b,) + s, d) for n, (s, d) in self.spec.items()}
+        out = self._outputs(b)
         indices = np.empty(b, np.int64)
         tickets = np.empty(b, np.uint64)
         prio = np.empty(b, np.float32)
@@ -373,7 +390,7 @@ class SharedReplay:
         total = core.total()
         masses = (np.arange(b) + rng.random(b)) * (total / b)
         core.find(masses, indices)
-        good = core.gather(indices, self._src, list(out.values()), self._row_bytes, tickets, prio, ok)
+        good = self._copy_out(indices, out, tickets, prio, ok)
         if good < b:
             self._redraw(core, rng, b, np.flatnonzero(ok == 0), out, indices, tickets, prio)
 
@@ -413,14 +430,27 @@ class SharedReplay:
                 time.sleep(min(1e-3, 1e-5 * attempt))
         raise RuntimeError("sample: could not read a stable transition after 10000 attempts")
 
+    def _check_samplable(self, core) -> None:
+        if core.total() <= 0 and self.size() == 0:
+            raise ValueError("cannot sample: the buffer holds no transitions yet")
+
+    def _outputs(self, n: int) -> dict:
+        """Empty arrays for n sampled rows, one per field sample() returns."""
+        return {name: np.empty((n,) + s, d) for name, (s, d) in self.spec.items()}
+
+    def _copy_out(self, slots, out, tickets, prio, ok) -> int:
+        """Validated copy of the rows at `slots` into `out`; returns how many are good."""
+        return self._core.gather(slots, self._src, list(out.values()), self._row_bytes,
+                                 tickets, prio, ok)
+
     def _gather(self, core, slots: np.ndarray) -> dict:
         n = slots.size
-        got = {name: np.empty((n,) + s, d) for name, (s, d) in self.spec.items()}
-        fields = list(got.values())
+        got = self._outputs(n)
+        fields = dict(got)
         got["tickets"] = np.zeros(n, np.uint64)
         got["prio"] = np.zeros(n, np.float32)
         got["ok"] = np.zeros(n, np.uint8)
-        core.gather(slots, self._src, fields, self._row_bytes, got["tickets"], got["prio"], got["ok"])
+        self._copy_out(slots, fields, got["tickets"], got["prio"], got["ok"])
         return got
 
     # -- learner feedback --------------------------------------------------
@@ -488,9 +518,9 @@ class SharedReplay:
         """The buffer's state for a checkpoint, holding only the rows ever written.
 
         Keys: "control" (cursors, sample count, max priority), "tree" (the tree's
-        memory), "seq" (per-slot counters), "region_rows" (int64 per region: rows
-        saved, min(writes, region length) -- a region is a ring from its first slot,
-        so these are its first rows) and "column.<field>" (those rows, regions in
+        memory), "seq" (per-slot counters), "region_rows" (int64 per ring -- a region, or a
+        frame replay's stream: rows saved, min(writes, ring length); a ring fills from
+        its first slot, so these are its first rows) and "column.<field>" (those rows, regions in
         order).  Arrays may be read-only views of the live buffer: take and write
         them while no rank writes or samples (a checkpoint's safe point)."""
         self._live()
@@ -528,8 +558,8 @@ class SharedReplay:
         control = np.asarray(_state_array(state, "control", np.uint64, (lay.control_words,)))
         tree = np.asarray(_state_array(state, "tree", np.uint8, (lay.tree_nbytes,)))
         seq = np.asarray(_state_array(state, "seq", np.uint64, (self.capacity,)))
-        rows = np.asarray(_state_array(state, "region_rows", np.int64, (self.regions,)))
-        expect = [min(int(control[writes_word(r)]), n) for r, n in enumerate(self._region_len)]
+        rows = np.asarray(_state_array(state, "region_rows", np.int64, (len(self._ring_len),)))
+        expect = [min(w, n) for w, n in zip(self._ring_writes(control), self._ring_len)]
         if rows.tolist() != expect:
             raise ValueError(f"state array 'region_rows' is {rows.tolist()}, but the saved "
                              f"insert counters give {expect}")
@@ -551,8 +581,8 @@ class SharedReplay:
         self._seq[:] = seq
         for name, col in self._columns.items():
             k = 0
-            for r, n in enumerate(rows.tolist()):
-                start, stop = self.region_slots(r)
+            for start, length, n in zip(self._ring_start, self._ring_len, rows.tolist()):
+                stop = start + length
                 if n:
                     col[start:start + n] = saved[name][k:k + n]
                 col[start + n:stop] = 0
@@ -560,14 +590,13 @@ class SharedReplay:
         core.reset_locks()
 
     def _rows_written(self) -> np.ndarray:
-        core = self._core
-        return np.array([min(core.writes(r), n) for r, n in enumerate(self._region_len)],
-                        np.int64)
+        return np.array([min(w, n) for w, n in zip(self._ring_writes(self._control),
+                                                   self._ring_len)], np.int64)
 
     def _written_runs(self, rows) -> list[tuple[int, int]]:
-        """Maximal (start, stop) slot ranges holding the first `rows[r]` slots of each region."""
+        """Maximal (start, stop) slot ranges holding the first `rows[r]` slots of each ring."""
         runs = []
-        for start, n in zip(self._region_start, np.asarray(rows).tolist()):
+        for start, n in zip(self._ring_start, np.asarray(rows).tolist()):
             if n == 0:
                 continue
             if runs and runs[-1][1] == start:
