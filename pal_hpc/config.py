@@ -85,12 +85,20 @@ class Config:
 
     # Acting and replay.
     envs_per_actor: int = _f(4, "environments each actor rank steps as one batch")
-    replay_capacity: int = _f(100_000, "replay buffer capacity in transitions, per node")
+    replay_capacity: int = _f(100_000, "replay buffer capacity in transitions, per node; 0 = "
+                                       "auto: 1,000,000, or the most that fit in the node's "
+                                       "free memory (DQN's default on Atari ids)")
     batch_size: int = _f(64, "transitions per learner gradient step")
     learning_starts: int = _f(1_000, "transitions a node's buffer holds before its "
                                      "learners start")
     replay_ratio: float = _f(32.0, "sampled transitions per inserted transition "
                                   f"(Reverb-style rate limit), in (0, {MAX_REPLAY_RATIO:g}]")
+
+    frame_dedup: bool = _f(True, "stacked image observations (Atari) store each frame once "
+                                 "in the replay; obs and next_obs are rebuilt when sampled")
+    reward_clip: bool = _f(False, "off-policy: clip each step's reward to [-1, 1] for "
+                                  "learning (logged returns stay unclipped); DQN turns it "
+                                  "on for Atari ids")
 
     # Returns and updates (every algorithm).
     gamma: float = _f(0.99, "discount factor, in (0, 1]")
@@ -162,11 +170,11 @@ class Config:
         for name, tp in _algo_field_types(Algo.Config).items():
             _check_type(name, tp, getattr(self.algo_config, name))
         self.algo_config.validate()
-        for name in ("total_steps", "eval_episodes", "envs_per_actor", "replay_capacity",
-                     "batch_size", "n_step", "publish_every", "torch_threads",
+        for name in ("total_steps", "eval_episodes", "envs_per_actor", "batch_size", "n_step", "publish_every", "torch_threads",
                      "keep_checkpoints"):
             req(name, getattr(self, name) >= 1, "must be >= 1")
-        for name in ("seed", "ranks_per_node", "eval_every", "learning_starts"):
+        for name in ("seed", "ranks_per_node", "eval_every", "learning_starts",
+                     "replay_capacity"):
             req(name, getattr(self, name) >= 0, "must be >= 0")
         # Every check is phrased as "ok if ...", so NaN fails them all.
         for name in ("replay_ratio", "per_eps", "progress_every"):
@@ -182,9 +190,11 @@ class Config:
         req("overwrite", not (self.overwrite and self.resume),
             f"cannot be combined with --resume {self.resume!r} (resume continues the run; "
             "overwrite deletes it)")
-        req("replay_capacity", self.replay_capacity >= self.batch_size,
-            f"must be >= batch_size ({self.batch_size})")
-        req("learning_starts", self.learning_starts <= self.replay_capacity,
+        # 0 = auto: the start-up sizes it (at least batch_size and learning_starts).
+        req("replay_capacity", self.replay_capacity == 0 or self.replay_capacity >= self.batch_size,
+            f"must be 0 (auto) or >= batch_size ({self.batch_size})")
+        req("learning_starts", self.replay_capacity == 0
+            or self.learning_starts <= self.replay_capacity,
             f"must be <= replay_capacity ({self.replay_capacity}) or learning never starts")
         req("fanout", 2 <= self.fanout <= MAX_FANOUT and self.fanout & (self.fanout - 1) == 0,
             f"must be a power of two in [2, {MAX_FANOUT}]")
@@ -343,6 +353,12 @@ def _spelled(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _atari_id(env_id) -> bool:
+    # Imported here: pal_hpc.envs imports this module (ConfigError).
+    from pal_hpc.envs import is_atari
+    return isinstance(env_id, str) and is_atari(env_id)
+
+
 def config_from_dict(d: dict[str, Any]) -> Config:
     """A Config from plain values (keys with `_` or `-`); missing keys keep their defaults.
 
@@ -386,6 +402,12 @@ def config_from_dict(d: dict[str, Any]) -> Config:
             raise ConfigError(f"{name}: an option of {', '.join(owners.get(name, ['no algorithm']))}"
                               f"; --algo {algo} does not take it")
         algo_values[name] = _check_type(name, algo_types[name], value)
+    if getattr(Algo, "atari_run_defaults", None) and _atari_id(values.get("env", Config.env)):
+        # The algorithm's published Atari settings, for what the user did not set.
+        for name, value in Algo.atari_run_defaults.items():
+            values.setdefault(name, value)
+        for name, value in getattr(Algo, "atari_defaults", {}).items():
+            algo_values.setdefault(name, value)
     for name, value in getattr(Algo, "run_defaults", {}).items():
         values.setdefault(name, value)
     return Config(**values, algo_config=Algo.Config(**algo_values))

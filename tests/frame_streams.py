@@ -54,6 +54,7 @@ class Streams:
         self.rng = np.random.default_rng(seed)
         self.by_slot: dict[int, tuple] = {}     # slot -> reference transition
         self.steps = 0
+        self.ends = {"terminated": 0, "truncated": 0}
 
     def step(self):
         for i, env in enumerate(self.envs):
@@ -64,6 +65,7 @@ class Streams:
             it = iter(refs)
             self.pending[i] += [(row, next(it) if row[4] > 0 else None) for row in rows]
             if term or trunc:
+                self.ends["terminated" if term else "truncated"] += 1
                 nxt, _ = env.reset()
             self.obs[i] = nxt
         self.steps += 1

@@ -25,6 +25,25 @@ def test_checker_catches_a_torn_read(mpi):
     assert "ok=False" in proc.stdout
 
 
+FRAMES = ROOT / "tests/mpi/frame_replay_stress.py"
+
+
+@pytest.mark.parametrize("nprocs,writers,capacity", [(1, 1, 3000), (4, 2, 3000), (3, 1, 300)])
+def test_frame_stacks_exact_under_concurrent_writers_and_samplers(mpi, nprocs, writers, capacity):
+    """Invariant 7: stacks never torn, never across episodes, windows whole, stale
+    tickets dropped -- with a buffer small enough to be overwritten many times over."""
+    proc = mpi(nprocs, FRAMES, "--writers", str(writers), "--seconds", "3",
+               "--capacity", str(capacity), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ranks={nprocs} writers={writers} ok=True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_frame_checker_catches_a_torn_frame(mpi):
+    proc = mpi(2, FRAMES, "--writers", "1", "--seconds", "1", "--self-test-tear", timeout=120)
+    assert proc.returncode != 0 and "torn or foreign frame" in proc.stdout, \
+        proc.stdout + proc.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_hundred_thousand_atari_frames_fit(mpi, nprocs):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -40,25 +41,30 @@ BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 class DQNConfig(AlgoConfig):
     """DQN's hyper-parameters (the defaults reach CartPole's 475 in ~15k steps)."""
 
-    lr: float = _f(2.3e-3, "Adam learning rate")
-    target_update: int = _f(50, "learner steps between target-network syncs")
+    lr: float = _f(2.3e-3, "Adam learning rate (Atari ids: 6.25e-5, Dopamine's Rainbow)")
+    adam_eps: float = _f(1e-8, "Adam epsilon (Atari ids: 1.5e-4, Dopamine's Rainbow)")
+    target_update: int = _f(50, "learner steps between target-network syncs (Atari ids: "
+                                "2000 = 8000 env steps at one update per 4)")
     hidden: list[int] = _f([256, 256], "hidden layer widths of the network(s)")
-    dueling: bool = _f(False, "dueling Q-network head")
+    dueling: bool = _f(False, "dueling Q-network head (Atari ids: on)")
     cnn: str = _f("nature", "torso for image observations (uint8 frames, e.g. Atari) in "
                             "place of the hidden MLP: nature (Mnih et al. 2015) or nips "
                             "(Mnih et al. 2013, PAAC's)", choices=tuple(CNN_KINDS))
     double_q: bool = _f(True, "double-Q targets")
     grad_clip: float = _f(10.0, "gradient global-norm clip (0 = no clipping)")
     eps_start: float = _f(1.0, "initial epsilon of epsilon-greedy")
-    eps_final: float = _f(0.04, "final epsilon (of actor 0 when eps_spread > 0)")
-    exploration_steps: int = _f(8_000, "global env steps of linear epsilon decay")
+    eps_final: float = _f(0.04, "final epsilon (of actor 0 when eps_spread > 0; Atari ids: "
+                                "0.01)")
+    exploration_steps: int = _f(8_000, "global env steps of linear epsilon decay (Atari ids: "
+                                       "250,000)")
     eps_spread: float = _f(3.0, "actor i of N ends at eps_final ** (1 + eps_spread * i / "
-                                "(N-1)), Ape-X style (0 = all actors equal)")
+                                "(N-1)), Ape-X style (0 = all actors equal; Atari ids: 0)")
 
     def validate(self) -> None:
         super().validate()
         req = self.require
         req("lr", self.lr > 0, "must be > 0")
+        req("adam_eps", self.adam_eps > 0, "must be > 0")
         req("target_update", self.target_update >= 1, "must be >= 1")
         req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
             "must be a non-empty list of positive widths")
@@ -163,6 +169,18 @@ class DQN(Algorithm):
     name = "dqn"
     Config = DQNConfig
     metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
+    # Defaults for Atari ids (README, "DQN on Atari"): Dopamine's Rainbow settings for
+    # what DQN shares with it (n-step 3, PER with alpha 0.5, Adam at 6.25e-5 with eps
+    # 1.5e-4, 20k steps before learning, one update of 32 every 4 env steps, target
+    # every 8000 env steps, epsilon to 0.01 over 250k steps, 1M transitions), with
+    # double-Q, a dueling head and the Nature CNN, rewards clipped for learning.
+    atari_run_defaults: ClassVar[dict] = {
+        "replay_capacity": 0, "n_step": 3, "batch_size": 32, "learning_starts": 20_000,
+        "replay_ratio": 8.0, "per_alpha": 0.5, "reward_clip": True}
+    atari_defaults: ClassVar[dict] = {
+        "lr": 6.25e-5, "adam_eps": 1.5e-4, "target_update": 2_000, "dueling": True,
+        "double_q": True, "cnn": "nature", "eps_final": 0.01, "exploration_steps": 250_000,
+        "eps_spread": 0.0}
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: DQNConfig | None = None,
                  *, device: str | torch.device = "cpu", seed: int = 0):
@@ -185,7 +203,7 @@ class DQN(Algorithm):
         # tensor, without per-tensor bookkeeping).
         self._params = FlatParams([self.online], self.device)
         self._flat, self._flat_grad = self._params.flat, self._params.grad
-        self.optimizer = FlatAdam(self._flat, lr=config.lr)
+        self.optimizer = FlatAdam(self._flat, lr=config.lr, eps=config.adam_eps)
         self.updates = 0
 
     def _network(self) -> QNetwork:

@@ -161,7 +161,7 @@ def measure_rates(cfg, budget_s: float = 3.0, max_replay_bytes: int = 64 << 20) 
 
     # The run's capacity, up to max_replay_bytes (Atari frames are 56 KB a transition).
     row_bytes = SharedReplay.window_nbytes(spec, 1024) / 1024
-    capacity = min(cfg.replay_capacity,
+    capacity = min(cfg.replay_capacity or 1_000_000,      # 0 = auto (Atari DQN)
                    int(max(4 * cfg.batch_size, 4096, max_replay_bytes // row_bytes)))
     replay = SharedReplay(spec, capacity, fanout=cfg.fanout, alpha=cfg.per_alpha,
                           eps=cfg.per_eps)

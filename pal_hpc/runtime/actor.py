@@ -10,7 +10,8 @@ import time
 import numpy as np
 
 from pal_hpc.envs import make_env
-from pal_hpc.runtime.nstep import NStep
+from pal_hpc.replay.frames import FrameStackReplay
+from pal_hpc.runtime.nstep import FrameRows, NStep
 
 
 class Actor:
@@ -34,7 +35,12 @@ class Actor:
                      for i in range(cfg.envs_per_actor)]
         self.rng = np.random.default_rng(base)
         self.obs = np.stack([env.reset(seed=base + i)[0] for i, env in enumerate(self.envs)])
-        self.nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in self.envs]
+        # A frame replay takes each env's rows as a stream of its own (one frame each).
+        self.frame_rows = isinstance(replay, FrameStackReplay)
+        self.nsteps = [(FrameRows if self.frame_rows else NStep)(cfg.n_step, cfg.gamma)
+                       for _ in self.envs]
+        self._stream_rows: list[list[tuple]] = [[] for _ in self.envs]
+        self.clip_rewards = bool(getattr(cfg, "reward_clip", False))
         self.ep_return = np.zeros(len(self.envs))
         self.ep_length = np.zeros(len(self.envs), np.int64)
         self.version = 0
@@ -69,9 +75,18 @@ class Actor:
             next_obs, reward, terminated, truncated, _ = env.step(a)
             self.ep_return[i] += reward
             self.ep_length[i] += 1
-            # A copy: self.obs[i] is overwritten below, and the transition must keep obs_t.
-            self._pending += self.nsteps[i].push(self.obs[i].copy(), a, reward, next_obs,
-                                                 terminated, truncated)
+            # Learning may see clipped rewards; the logged return stays the env's.
+            learn_r = float(np.clip(reward, -1.0, 1.0)) if self.clip_rewards else reward
+            if self.frame_rows:
+                # Rows keep only obs_t[-1] (FrameRows copies it).
+                rows = self.nsteps[i].push(self.obs[i], a, learn_r, next_obs, terminated,
+                                           truncated)
+                self._stream_rows[i] += rows
+                self._pending += rows
+            else:
+                # A copy: self.obs[i] is overwritten below, and the transition keeps obs_t.
+                self._pending += self.nsteps[i].push(self.obs[i].copy(), a, learn_r, next_obs,
+                                                     terminated, truncated)
             if terminated or truncated:
                 self.finished.append((float(self.ep_return[i]), int(self.ep_length[i])))
                 self.ep_return[i] = 0.0
@@ -86,9 +101,14 @@ class Actor:
         """Write the completed transitions into this actor's replay region."""
         if not self._pending:
             return
+        t0 = time.perf_counter()
+        if self.frame_rows:
+            self._flush_streams()
+            self.insert_times.append(time.perf_counter() - t0)
+            self._pending.clear()
+            return
         obs, action, ret, next_obs, discount = zip(*self._pending)
         spec = self.replay.spec
-        t0 = time.perf_counter()
         self.replay.add(self.region, {
             "obs": np.asarray(obs, dtype=spec["obs"][1]),
             "action": np.asarray(action, dtype=spec["action"][1]),
@@ -98,6 +118,21 @@ class Actor:
         })
         self.insert_times.append(time.perf_counter() - t0)
         self._pending.clear()
+
+    def _flush_streams(self) -> None:
+        """One add per environment: its rows, in order, into its own stream."""
+        adt = self.replay.spec["action"][1]
+        for i, rows in enumerate(self._stream_rows):
+            if not rows:
+                continue
+            frame, action, ret, discount, k, start = zip(*rows)
+            self.replay.add(self.region, {
+                "obs": np.stack(frame), "action": np.asarray(action, dtype=adt),
+                "reward": np.asarray(ret, dtype=np.float32),
+                "discount": np.asarray(discount, dtype=np.float32),
+                "nstep": np.asarray(k, dtype=np.int64),
+                "episode_start": np.asarray(start, dtype=bool)}, stream=i)
+            rows.clear()
 
     def drain_episodes(self) -> list[tuple[float, int]]:
         out, self.finished = self.finished, []

@@ -71,12 +71,13 @@ class FrameRows:
     def push(self, obs, action, reward, next_obs, terminated: bool, truncated: bool
              ) -> list[tuple]:
         """Record one step; returns the rows that became complete, in stream order."""
-        done = self.nstep.push((obs[-1], self.start), action, reward, None, terminated,
+        # A copy: the caller reuses its observation arrays.
+        done = self.nstep.push((np.array(obs[-1]), self.start), action, reward, None, terminated,
                                truncated, with_k=True)
         rows = [(frame, a, ret, disc, k, start) for (frame, start), a, ret, _, disc, k in done]
         self.start = False
         if terminated or truncated:
-            rows.append((next_obs[-1], np.zeros_like(action), 0.0, 0.0, 0, False))
+            rows.append((np.array(next_obs[-1]), np.zeros_like(action), 0.0, 0.0, 0, False))
             self.start = True
         return rows
 

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from mpi4py import MPI
 
 from pal_hpc.cluster.collectives import on_rank0
 from pal_hpc.config import ConfigError
-from pal_hpc.replay import SharedReplay
+from pal_hpc.envs import is_atari
+from pal_hpc.replay import FrameStackReplay, SharedReplay
+from pal_hpc.runtime.nstep import transition_spec
+
+# replay_capacity 0 ("auto", DQN's default on Atari ids): this many transitions when
+# they fit in the node's free memory, else the most that fit.
+AUTO_CAPACITY = 1_000_000
 
 
 def available_memory() -> tuple[int, str]:
@@ -36,13 +44,53 @@ def available_memory() -> tuple[int, str]:
 MAX_REPLAY_SHARE = 0.8
 
 
-def check_replay_fits(world: MPI.Comm, node: MPI.Comm, spec: dict, cfg, regions: int) -> None:
+def replay_kind(cfg, obs: tuple, action: tuple, regions: int) -> tuple[type, dict, dict]:
+    """(class, spec, extra constructor arguments) of the node replay: a FrameStackReplay
+    (each frame stored once) for the stacked uint8 frames of Atari ids unless
+    --no-frame-dedup, else a SharedReplay of whole transitions."""
+    (shape, dtype), (ashape, adtype) = obs, action
+    if (cfg.frame_dedup and len(shape) == 3 and dtype == np.uint8 and is_atari(cfg.env)):
+        return (FrameStackReplay, transition_spec(shape, dtype, ashape, adtype, frame_stack=True),
+                {"streams": cfg.envs_per_actor, "n_step": cfg.n_step})
+    return SharedReplay, transition_spec(shape, dtype, ashape, adtype), {}
+
+
+def make_replay(cfg, kind: tuple, node: MPI.Comm, regions: int):
+    """The node's replay buffer (collective over `node`) at the checked capacity."""
+    cls, spec, extra = kind
+    return cls(spec, cfg.replay_capacity, comm=node, regions=regions, fanout=cfg.fanout,
+               alpha=cfg.per_alpha, eps=cfg.per_eps, **extra)
+
+
+def _nbytes(kind: tuple, capacity: int, regions: int, fanout: int) -> int:
+    cls, spec, extra = kind
+    return cls.window_nbytes(spec, capacity, regions=regions, fanout=fanout, **extra)
+
+
+def resolve_capacity(world: MPI.Comm, node: MPI.Comm, kind: tuple, cfg, regions: int) -> None:
+    """replay_capacity 0 (auto) becomes AUTO_CAPACITY, or the most transitions that fit in
+    this host's free memory (MAX_REPLAY_SHARE of it, shared by its replay windows);
+    the same value on every rank.  Collective over `world`."""
+    if cfg.replay_capacity != 0:
+        return
+    host = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    try:
+        windows = host.allreduce(1 if node.Get_rank() == 0 else 0)
+        per = _nbytes(kind, AUTO_CAPACITY, regions, cfg.fanout) / AUTO_CAPACITY
+        free, _ = available_memory()
+        fits = int(MAX_REPLAY_SHARE * free / windows / per) if host.Get_rank() == 0 else 0
+    finally:
+        host.Free()
+    fits = world.allreduce(fits, op=MPI.MAX)    # one host's answer everywhere
+    cfg.replay_capacity = max(cfg.batch_size, cfg.learning_starts, min(AUTO_CAPACITY, fits))
+
+
+def check_replay_fits(world: MPI.Comm, node: MPI.Comm, kind: tuple, cfg, regions: int) -> None:
     """Refuse, before allocating, replay windows larger than the host can hold (an Atari
     buffer at the default capacity can ask for more than the whole machine).  Collective
     over `world`; virtual nodes on one host add up."""
     try:
-        need = SharedReplay.window_nbytes(spec, cfg.replay_capacity, regions=regions,
-                                          fanout=cfg.fanout)
+        need = _nbytes(kind, cfg.replay_capacity, regions, cfg.fanout)
     except (ValueError, OverflowError, MemoryError) as exc:
         raise ConfigError(f"replay_capacity: {cfg.replay_capacity:,} transitions cannot be "
                           f"laid out ({exc}); lower --replay-capacity") from None

@@ -26,7 +26,6 @@ from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.io.rundir import claim_run_dir
 from pal_hpc.io.schema import streams_for
-from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.abort import JobError, injected_fault_after, stall_once
@@ -36,9 +35,9 @@ from pal_hpc.runtime.coordinator import Coordinator
 from pal_hpc.envs import action_info, make_env, obs_info
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
 from pal_hpc.runtime.learner import METRICS_EVERY, Learner
-from pal_hpc.runtime.nstep import transition_spec
 from pal_hpc.runtime.pacing import IDLE_SLEEP, REDUCING_SLEEP
-from pal_hpc.runtime.preflight import check_replay_fits
+from pal_hpc.runtime.preflight import (check_replay_fits, make_replay, replay_kind,
+                                       resolve_capacity)
 from pal_hpc.runtime.summary import Summary
 from pal_hpc.runtime.telemetry import Telemetry, open_job_log, percentile_ms, rss_mb
 
@@ -63,16 +62,17 @@ class RankRun(Checkpointing, Summary):
         probe = make_env(cfg.env, cfg.seed)
         obs_space, act_space = probe.observation_space, probe.action_space
         Algo.check_env(cfg.env, obs_space, act_space)
-        spec = transition_spec(*obs_info(probe), *action_info(probe))
+        obs, action = obs_info(probe), action_info(probe)
         probe.close()
 
         node_roles = [r for r in topo.roles if r.node == me.node]
         self.n_actors = sum(r.is_actor for r in topo.roles)
         self.n_learners = sum(r.is_learner for r in topo.roles)
         regions = sum(r.is_actor for r in node_roles)
-        check_replay_fits(self.world, topo.node, spec, cfg, regions)
-        self.replay = SharedReplay(spec, cfg.replay_capacity, comm=topo.node, regions=regions,
-                                   fanout=cfg.fanout, alpha=cfg.per_alpha, eps=cfg.per_eps)
+        kind = replay_kind(cfg, obs, action, regions)
+        resolve_capacity(self.world, topo.node, kind, cfg, regions)
+        check_replay_fits(self.world, topo.node, kind, cfg, regions)
+        self.replay = make_replay(cfg, kind, topo.node, regions)
 
         def make_algo(device):
             # Same seed everywhere: every rank starts from identical parameters.
@@ -279,8 +279,14 @@ class RankRun(Checkpointing, Summary):
         cfg, topo = self.cfg, self.topo
         print(f"pal_hpc: {cfg.algo} on {cfg.env}: {self.world.Get_size()} ranks, "
               f"{topo.n_nodes} node(s), {self.n_actors} actors x {cfg.envs_per_actor} envs, "
-              f"{self.n_learners} learners; replay {cfg.replay_capacity:,} per node "
-              f"({self.replay.bytes_per_transition:.0f} B/transition)", flush=True)
+              f"{self.n_learners} learners; replay {self.replay.capacity:,} per node "
+              f"({self.replay.bytes_per_transition:.0f} B/transition, "
+              f"{self.replay.nbytes / 2**30:.2f} GiB per node"
+              + (", frames stored once" if self.actor_frames() else "") + ")", flush=True)
+
+    def actor_frames(self) -> bool:
+        """Whether the replay stores each frame once (a FrameStackReplay)."""
+        return hasattr(self.replay, "stack_name")
 
     # -- the end ---------------------------------------------------------------
     def _wind_down(self) -> dict | None:
