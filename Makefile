@@ -52,6 +52,7 @@ test-slurm: install
 bench: install
 	$(PY) bench/bench_tree.py $(ARGS)
 	$(PY) bench/bench_replay.py $(ARGS)
+	$(PY) bench/bench_atari_replay.py $(ARGS)
 	$(PY) bench/bench_envs.py $(ARGS)
 	$(PY) bench/bench_lockstep.py $(ARGS)
 	$(PY) bench/bench_train.py $(ARGS)
