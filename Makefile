@@ -11,6 +11,9 @@ TEST_TIMEOUT ?= 1800
 
 DEPS_STAMP  := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
+# The framework integrations (pal_hpc.integrations) are tested in .venv too.
+EXTRAS_STAMP := $(VENV)/.stamp-extras
+EXTRAS_REQS  := requirements-sb3.txt requirements-torchrl.txt
 NATIVE_SRC  := $(wildcard cython/*.pyx cython/*.pxd cython/*.h) setup.py pyproject.toml
 
 .PHONY: install run test test-fast test-slurm bench bench-peers clean help
@@ -25,7 +28,7 @@ help:
 	@echo "make bench-peers  install peer libraries (cpprb, torchrl, tianshou, SB3, ray, envpool) into .venv-peers"
 	@echo "make clean        remove build outputs (keeps .venv)"
 
-install: $(BUILD_STAMP)
+install: $(BUILD_STAMP) $(EXTRAS_STAMP)
 
 $(DEPS_STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -35,6 +38,13 @@ $(DEPS_STAMP): requirements.txt
 
 $(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
 	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
+# Stable-Baselines3 and torchrl for pal_hpc.integrations (the same pins as .[sb3], .[torchrl]),
+# and torchrl's C++ extension rebuilt against our torch (its PrioritizedSampler: the peer).
+$(EXTRAS_STAMP): $(DEPS_STAMP) $(EXTRAS_REQS) bench/torchrl_extension.sh
+	$(PY) -m pip install --quiet $(addprefix -r ,$(EXTRAS_REQS))
+	bash bench/torchrl_extension.sh $(PY)
 	touch $@
 
 run: install
@@ -60,6 +70,7 @@ bench: install
 	$(PY) bench/bench_scaling.py $(ARGS)
 	$(PY) bench/bench_paac.py $(ARGS)
 	$(PY) bench/bench_paac_atari.py $(ARGS)
+	$(PY) bench/bench_integrations.py $(ARGS)
 
 bench-peers:
 	bash bench/install_peers.sh

@@ -74,6 +74,11 @@ setup(
     packages=find_packages(include=["pal_hpc", "pal_hpc.*"]),
     python_requires=">=3.10",
     install_requires=["numpy", "mpi4py", "torch", "gymnasium", "h5py"],
+    # pal_hpc.integrations: pins in requirements-sb3.txt / requirements-torchrl.txt.
+    extras_require={
+        "sb3": ["stable-baselines3>=2.9,<3"],
+        "torchrl": ["torchrl>=0.14.1,<0.15", "tensordict>=0.14.3,<0.15"],
+    },
     ext_modules=cythonize(
         extensions,
         compiler_directives={"language_level": "3"},

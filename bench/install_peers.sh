@@ -34,16 +34,10 @@
 #   ale-py     0.12.1    the project's pin: the Pong ROM and AtariVectorEnv.
 #   opencv-python-headless 5.0.0.93  the project's pin (AtariPreprocessing needs it).
 #
-# torchrl caveat: every torchrl wheel on PyPI (0.11.1 .. 0.14.1 were tried)
-# ships a C++ extension torchrl/_torchrl*.so, which holds the segment trees,
-# built against another torch release; with torch 2.13.0 it fails to load
-# ("undefined symbol: torch::autograd::_wrap_outputs ..."), and torchrl has no
-# sdist on PyPI. The wheel does ship that extension's C++ sources
-# (torchrl/csrc), so this script rebuilds the extension from them against the
-# installed torch (needs g++ and Python headers; ~1.5 min on 2 cores) and puts
-# it in place of the shipped .so (kept beside it as _torchrl.so.orig-wheel).
-# If that rebuild fails, torchrl stays installed but its trees don't import,
-# and peer_trees.py reports and skips it.
+# torchrl caveat: torchrl's shipped C++ extension (its segment trees) does not
+# load with torch 2.13.0; bench/torchrl_extension.sh (see there) rebuilds it from
+# the C++ sources the wheel ships. If that rebuild fails, torchrl stays installed
+# but its trees don't import, and peer_trees.py reports and skips it.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -102,38 +96,8 @@ for p in "${PINS[@]}"; do
 done
 
 # --- torchrl: rebuild the C++ extension against this torch if needed ----------
-if ! "$VPY" -c "import torch, torchrl._torchrl" >/dev/null 2>&1; then
-  echo "install_peers: torchrl's shipped C++ extension does not load with this torch; rebuilding it from torchrl/csrc"
-  TRDIR=$("$VPY" -c "import importlib.util as u, os; print(os.path.dirname(u.find_spec('torchrl').origin))")
-  BUILD=$(mktemp -d)
-  trap 'rm -rf "$BUILD"' EXIT
-  cat >"$BUILD/setup.py" <<'EOF'
-import os
-from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
-
-src = os.environ["TORCHRL_CSRC"]
-setup(
-    name="torchrl-extension-rebuild",
-    ext_modules=[
-        CppExtension(
-            "_torchrl",
-            [os.path.join(src, "pybind.cpp"), os.path.join(src, "utils.cpp")],
-            extra_compile_args=["-O3", "-g0", "-Wno-comment"],
-        )
-    ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
-)
-EOF
-  if (cd "$BUILD" && TORCHRL_CSRC="$TRDIR/csrc" "$VPY" setup.py -q build_ext --inplace >build.log 2>&1); then
-    SO=$(basename "$(ls "$TRDIR"/_torchrl*.so | head -n1)")
-    [[ -f "$TRDIR/_torchrl.so.orig-wheel" ]] || cp "$TRDIR/$SO" "$TRDIR/_torchrl.so.orig-wheel"
-    cp "$BUILD"/_torchrl*.so "$TRDIR/$SO"
-  else
-    echo "install_peers: WARNING: rebuilding torchrl's extension failed; torchrl will be skipped. Log tail:" >&2
-    tail -n 30 "$BUILD/build.log" >&2 || true
-  fi
-fi
+bash bench/torchrl_extension.sh "$VPY" \
+  || echo "install_peers: WARNING: torchrl's extension does not load; torchrl will be skipped" >&2
 
 # --- report --------------------------------------------------------------------
 REPORT=$("$VPY" - <<'EOF'

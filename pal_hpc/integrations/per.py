@@ -29,7 +29,7 @@ def check_priorities(values, name: str = "priorities") -> np.ndarray:
     bad = np.flatnonzero(~((arr >= 0.0) & (arr <= _F32_MAX)))
     if bad.size:
         pos = np.unravel_index(bad[0], arr.shape) if arr.ndim > 1 else bad[0]
-        raise ValueError(f"{name}[{pos}] = {arr.flat[bad[0]]!r} is not a finite, "
+        raise ValueError(f"{name}[{pos}] = {float(arr.flat[bad[0]])!r} is not a finite, "
                          f"non-negative float32 value")
     return arr
 

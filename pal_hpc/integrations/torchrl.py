@@ -206,10 +206,10 @@ class KSumPrioritizedSampler(PrioritizedSampler):
         value, where = self._max_priority
         if value is None or raw[j] > value:
             self._max_priority = (float(raw[j]), int(idx[j]))
-        elif self._max_priority_within_buffer and np.any(idx == where):
-            # The max row was lowered: the largest priority still held.
+        if self._max_priority_within_buffer and (value is None or np.any(idx == where)):
+            # The max row was overwritten or re-prioritised: the largest one still held.
             k = int(np.argmax(self._per.p))
-            self._max_priority = (max(self._per.p[k] - self.eps, 0.0), k)
+            self._max_priority = (max(float(self._per.p[k]) - self.eps, 0.0), k)
 
     # -- sampling ----------------------------------------------------------------------
     def sample(self, storage, batch_size: int):
