@@ -327,3 +327,12 @@ def test_bad_input_raises_the_tree_errors_and_changes_nothing():
     np.testing.assert_array_equal(tree_values(rb.sampler), before)
     rb.update_priority(torch.tensor([-1, 2]), torch.tensor([9.0, 3.0]))   # -1: not written
     assert rb.sampler.priorities()[2] == pytest.approx(3.0)
+
+
+def test_pickles_with_its_priorities():
+    import pickle
+    s = Sampler(10, alpha=0.7, beta=0.9)
+    s.update_priority(torch.arange(4), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    back = pickle.loads(pickle.dumps(s))
+    np.testing.assert_array_equal(tree_values(back), tree_values(s))
+    assert back.default_priority == 4.0

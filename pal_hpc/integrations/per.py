@@ -26,8 +26,9 @@ def check_priorities(values, name: str = "priorities") -> np.ndarray:
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"{name} must be real numbers, got dtype {arr.dtype}")
     arr = arr.astype(np.float64, copy=False)
-    bad = np.flatnonzero(~((arr >= 0.0) & (arr <= _F32_MAX)))
-    if bad.size:
+    # NaN fails both comparisons; the index of the culprit is only looked for on failure.
+    if not ((arr >= 0.0).all() and (arr <= _F32_MAX).all()):
+        bad = np.flatnonzero(~((arr >= 0.0) & (arr <= _F32_MAX)))
         pos = np.unravel_index(bad[0], arr.shape) if arr.ndim > 1 else bad[0]
         raise ValueError(f"{name}[{pos}] = {float(arr.flat[bad[0]])!r} is not a finite, "
                          f"non-negative float32 value")
@@ -93,6 +94,16 @@ class ProportionalPriorities:
         held = np.flatnonzero(p > 0)
         tree.update(held, p[held] ** self.alpha)
         self.tree, self.p = tree, p.copy()
+
+    def __getstate__(self):
+        # Pickles (SB3's save_replay_buffer, torchrl's copies) hold p; the native tree,
+        # which cannot be pickled, is rebuilt from it.
+        return {"capacity": self.capacity, "alpha": self.alpha, "eps": self.eps,
+                "fanout": self.fanout, "p": self.p}
+
+    def __setstate__(self, state):
+        self.__init__(state["capacity"], state["alpha"], state["eps"], state["fanout"])
+        self.load(state["p"])
 
     def sample(self, u: np.ndarray, beta: float, stratified: bool
                ) -> tuple[np.ndarray, np.ndarray]:

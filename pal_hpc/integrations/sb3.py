@@ -157,20 +157,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._per.clear()
             self.max_priority = 1.0
 
-    def __getstate__(self):
-        # SB3's save_replay_buffer pickles the buffer; the native tree is rebuilt
-        # from the priorities it holds.
-        state = self.__dict__.copy()
-        per = state.pop("_per")
-        state["_per_args"] = (per.capacity, per.alpha, per.eps, per.fanout, per.p)
-        return state
-
-    def __setstate__(self, state):
-        capacity, alpha, eps, fanout, p = state.pop("_per_args")
-        self.__dict__.update(state)
-        self._per = ProportionalPriorities(capacity, alpha, eps, fanout)
-        self._per.load(p)
-
 
 class _Prioritized:
     """What the three algorithms share: PrioritizedReplayBuffer by default, beta

@@ -173,7 +173,6 @@ class KSumPrioritizedSampler(PrioritizedSampler):
                                          tuple(storage.shape))
         return index.reshape(-1).astype(np.int64, copy=False)
 
-    @torch.no_grad()
     def update_priority(self, index, priority, *, storage=None) -> None:
         """Set the raw priority of rows `index` (the tree holds (p + eps) ** alpha).
 
@@ -201,7 +200,8 @@ class KSumPrioritizedSampler(PrioritizedSampler):
         self._track_max(idx, raw)
 
     def _track_max(self, idx: np.ndarray, raw: np.ndarray) -> None:
-        raw = np.broadcast_to(raw, idx.shape)
+        if raw.shape != idx.shape:
+            raw = np.broadcast_to(raw, idx.shape)
         j = int(np.argmax(raw))
         value, where = self._max_priority
         if value is None or raw[j] > value:
@@ -273,15 +273,3 @@ class KSumPrioritizedSampler(PrioritizedSampler):
         with open(path / "sampler_metadata.json") as f:
             meta = json.load(f)
         self._restore(meta, np.load(path / "priorities.npy", allow_pickle=False))
-
-    def __getstate__(self):
-        state = super().__getstate__()   # torchrl's: refuses sharing with spawned workers
-        per = state.pop("_per")
-        state["_per_args"] = (per.capacity, per.alpha, per.eps, per.fanout, per.p)
-        return state
-
-    def __setstate__(self, state):
-        capacity, alpha, eps, fanout, p = state.pop("_per_args")
-        self.__dict__.update(state)
-        self._per = ProportionalPriorities(capacity, alpha, eps, fanout)
-        self._per.load(p)
