@@ -2,9 +2,12 @@
 each environment step and the seeds and options of a reset.
 
 Only plain data is representable (None, bool, int, float, str, bytes, numpy scalars and
-arrays of numeric or bool dtype, and dicts, lists and tuples of those): decoding never
-runs code, unlike pickle, and the decoded values have the types the environment produced,
-so gymnasium's `VectorEnv._add_info` batches them exactly as it does for `SyncVectorEnv`.
+arrays of numeric or bool dtype, and dicts, lists and tuples of those), plus two gymnasium
+values that are plain data in a wrapper: a `gymnasium.spaces.GraphInstance` (Graph
+observations) and a `numpy.random.Generator` (an env's `np_random`, as its bit generator's
+state).  Decoding never runs code, unlike pickle, and the decoded values have the types
+the environment produced, so gymnasium's `VectorEnv._add_info` and `concatenate` batch
+them exactly as they do for `SyncVectorEnv`.
 """
 
 from __future__ import annotations
@@ -12,8 +15,13 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+from gymnasium.spaces import GraphInstance
 
-_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _NPSCALAR, _ARRAY, _DICT, _LIST, _TUPLE = range(12)
+(_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _NPSCALAR, _ARRAY, _DICT, _LIST, _TUPLE,
+ _GRAPH, _RNG, _BIGINT) = range(15)
+# Bit generators a Generator may be rebuilt from (by name, never by an import).
+_BIT_GENERATORS = {name: getattr(np.random, name)
+                   for name in ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")}
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 _U32 = struct.Struct("<I")
@@ -33,10 +41,14 @@ def _enc(value, out: bytearray, path: str) -> None:
     elif value is True or value is False:
         out.append(_TRUE if value else _FALSE)
     elif type(value) is int:
-        if not -(1 << 63) <= value < (1 << 63):
-            raise CodecError(f"{path}: int {value} does not fit in 64 bits")
-        out.append(_INT)
-        out += _I64.pack(value)
+        if -(1 << 63) <= value < (1 << 63):
+            out.append(_INT)
+            out += _I64.pack(value)
+        else:                              # e.g. a PCG64 state: 128 bits
+            raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+            out.append(_BIGINT)
+            out += _U32.pack(len(raw))
+            out += raw
     elif type(value) is float:
         out.append(_FLOAT)
         out += _F64.pack(value)
@@ -74,6 +86,17 @@ def _enc(value, out: bytearray, path: str) -> None:
             out += _U32.pack(len(raw))
             out += raw
             _enc(item, out, f"{path}[{key!r}]")
+    elif isinstance(value, GraphInstance):
+        out.append(_GRAPH)
+        for k, item in enumerate(value):
+            _enc(item, out, f"{path}.{value._fields[k]}")
+    elif isinstance(value, np.random.Generator):
+        bits = value.bit_generator
+        name = type(bits).__name__
+        if name not in _BIT_GENERATORS:
+            raise CodecError(f"{path}: a Generator over {name} cannot cross the lockstep protocol")
+        out.append(_RNG)
+        _enc(bits.state, out, f"{path}.bit_generator.state")
     elif type(value) in (list, tuple):
         out.append(_LIST if type(value) is list else _TUPLE)
         out += _U32.pack(len(value))
@@ -105,6 +128,9 @@ def _dec(buf: memoryview, pos: int):
         return _I64.unpack_from(buf, pos)[0], pos + 8
     if tag == _FLOAT:
         return _F64.unpack_from(buf, pos)[0], pos + 8
+    if tag == _BIGINT:
+        n = _U32.unpack_from(buf, pos)[0]
+        return int.from_bytes(bytes(buf[pos + 4:pos + 4 + n]), "little", signed=True), pos + 4 + n
     if tag in (_STR, _BYTES):
         n = _U32.unpack_from(buf, pos)[0]
         pos += 4
@@ -143,6 +169,20 @@ def _dec(buf: memoryview, pos: int):
             item, pos = _dec(buf, pos)
             items.append(item)
         return (items if tag == _LIST else tuple(items)), pos
+    if tag == _GRAPH:
+        parts = []
+        for _ in range(3):
+            item, pos = _dec(buf, pos)
+            parts.append(item)
+        return GraphInstance(*parts), pos
+    if tag == _RNG:
+        state, pos = _dec(buf, pos)
+        cls = _BIT_GENERATORS.get(state.get("bit_generator") if isinstance(state, dict) else None)
+        if cls is None:
+            raise CodecError(f"refusing to rebuild a Generator from {state!r:.80}")
+        bits = cls()
+        bits.state = state
+        return np.random.Generator(bits), pos
     raise CodecError(f"unknown tag {tag} at byte {pos - 1}")
 
 

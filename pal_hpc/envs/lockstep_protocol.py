@@ -1,11 +1,17 @@
 """The lockstep environment protocol: one master, W workers, one block of shared memory.
 
 The block (`Layout`) holds a control block (the turn handoff, `pal_hpc.envs._lockstep`),
-one status slot per worker, and the batch arrays themselves: observations, actions,
-rewards, terminations, truncations.  Each round the master writes the actions and posts
-STEP; every worker steps its contiguous share of the environments (`EnvShare`), writes
-the results into its rows of the batch arrays and its infos into its info area, and
-reports done.  Nothing is pickled, piped or messaged per step.
+one status slot per worker and one for the master, the batch arrays themselves
+(observations and actions as one array per leaf of their spaces, rewards, terminations,
+truncations) and the message areas.  Each round the master writes the actions and posts
+STEP; every worker steps its contiguous share of the environments
+(`pal_hpc.envs.lockstep_share.EnvShare`), writes the results into its rows of the batch
+arrays and reports done.  Nothing is pickled, piped or messaged per step.
+
+What does not fit a fixed row -- infos, observations and actions of variable-size spaces,
+reset arguments, `call` results, errors -- goes in a `Channel`: the writer's message area
+in the block, or, for a message larger than that, the writer's own spill memfd, which the
+reader opens through /proc.  A round with nothing to say writes nothing.
 
 The same protocol serves two kinds of workers: the processes `LockstepVectorEnv` starts
 (memory: a memfd mapping, never a /dev/shm file) and MPI ranks of one node attached to a
@@ -16,7 +22,6 @@ a dead peer is noticed differ; `serve` and `Master` are the same.
 from __future__ import annotations
 
 import os
-import struct
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -28,28 +33,22 @@ import numpy as np
 from pal_hpc.envs import _lockstep as core
 from pal_hpc.envs import codec
 
-OP_RESET, OP_STEP, OP_CLOSE = 1, 2, 3
-OP_NAMES = {OP_RESET: "reset", OP_STEP: "step", OP_CLOSE: "close"}
+OP_RESET, OP_STEP, OP_CLOSE, OP_CALL, OP_SETATTR = 1, 2, 3, 4, 5
+OP_NAMES = {OP_RESET: "reset", OP_STEP: "step", OP_CLOSE: "close", OP_CALL: "call",
+            OP_SETATTR: "set_attr"}
 
-# Status slot of each worker: 16 uint32 words on one cache line.  Words 4-5 hold a
-# uint64: the nanoseconds the worker has spent running commands (its busy time).
-S_STATUS, S_ERR_LEN, S_INFO_LEN, S_PID = 0, 1, 2, 3
+# Status slot of each worker (and, after them, the master's): 16 uint32 words on one cache
+# line.  Words 4-5 hold a uint64: the nanoseconds the worker has spent running commands.
+S_STATUS, S_OUT_LEN, S_PID, S_SPILLED, S_SPILL_FD = 0, 2, 3, 6, 7
 S64_BUSY_NS = 2
 STATUS_OK, STATUS_ERROR = 0, 1
 SLOT_WORDS = 16
 
 _ALIGN = 64
-_RECORD = struct.Struct("<II")   # env index, encoded info length
 
 
 class LockstepError(RuntimeError):
     """The lockstep environments cannot go on: a worker raised, died, or was closed."""
-
-
-def supported_space(space: gym.Space) -> bool:
-    """Fixed-shape array spaces: what one row of a shared batch array can hold."""
-    return isinstance(space, (gym.spaces.Box, gym.spaces.Discrete,
-                              gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
 
 
 def split(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
@@ -67,35 +66,39 @@ def _round_up(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+def _nbytes(leaf: tuple) -> int:
+    shape, dtype = leaf
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
 @dataclass(frozen=True)
 class Layout:
-    """Where everything lives in the shared block.  Plain data: it is sent to MPI ranks."""
+    """Where everything lives in the shared block, and how the workers step.  Plain data:
+    it is sent to MPI ranks.  `obs_leaves`/`act_leaves`: (row shape, dtype str) of each
+    shared batch array; empty when that space's values are encoded instead."""
 
     num_envs: int
     num_workers: int
-    obs_shape: tuple
-    obs_dtype: str
-    act_shape: tuple
-    act_dtype: str
-    info_bytes: int = 1 << 16      # per worker
-    error_bytes: int = 1 << 14     # per worker
-    args_bytes: int = 1 << 16      # the master's reset arguments
+    obs_leaves: tuple
+    act_leaves: tuple
+    autoreset: str = "NextStep"    # gymnasium.vector.AutoresetMode's value
+    info_bytes: int = 1 << 16      # message area per worker (more spills)
+    args_bytes: int = 1 << 16      # the master's message area (more spills)
 
     def _sizes(self) -> list[tuple[str, int]]:
         n, w = self.num_envs, self.num_workers
-        obs = int(np.prod(self.obs_shape, dtype=np.int64)) * np.dtype(self.obs_dtype).itemsize
-        act = int(np.prod(self.act_shape, dtype=np.int64)) * np.dtype(self.act_dtype).itemsize
-        return [("control", core.CONTROL_BYTES), ("slots", max(w, 1) * SLOT_WORDS * 4),
-                ("obs", n * obs), ("act", n * act), ("rew", n * 8), ("term", n),
-                ("trunc", n), ("info", max(w, 1) * self.info_bytes),
-                ("error", max(w, 1) * self.error_bytes), ("args", self.args_bytes)]
+        parts = [("control", core.CONTROL_BYTES), ("slots", (w + 1) * SLOT_WORDS * 4)]
+        parts += [(f"obs{k}", n * _nbytes(leaf)) for k, leaf in enumerate(self.obs_leaves)]
+        parts += [(f"act{k}", n * _nbytes(leaf)) for k, leaf in enumerate(self.act_leaves)]
+        return parts + [("rew", n * 8), ("term", n), ("trunc", n),
+                        ("info", max(w, 1) * self.info_bytes), ("args", self.args_bytes)]
 
     def offsets(self) -> dict[str, tuple[int, int]]:
         """name -> (offset, nbytes), every part 64-byte aligned."""
         out, pos = {}, 0
         for name, size in self._sizes():
             out[name] = (pos, size)
-            pos += _round_up(size)
+            pos += _round_up(max(size, 1))
         out["total"] = (0, pos)
         return out
 
@@ -107,6 +110,67 @@ class Layout:
         return split(self.num_envs, self.num_workers) if self.num_workers else []
 
 
+class Channel:
+    """One writer's messages to its readers: `area` in the shared block, or the writer's
+    spill memfd (grown to fit) for a message larger than it.  `slot`: the writer's status
+    slot, which holds the length, where the message is, and the spill fd."""
+
+    def __init__(self, slot: np.ndarray, area: np.ndarray):
+        self.slot, self.area = slot, area
+        self._spill = -1                  # the writer's memfd
+        self._readers: dict[tuple[int, int], int] = {}
+
+    def write(self, raw: bytes) -> None:
+        n = len(raw)
+        if n <= self.area.nbytes:
+            self.area[:n] = np.frombuffer(raw, np.uint8)
+            self.slot[S_SPILLED] = 0
+        else:
+            if self._spill < 0:
+                self._spill = os.memfd_create("pal_lockstep_spill", os.MFD_CLOEXEC)
+                self.slot[S_SPILL_FD] = self._spill
+            os.ftruncate(self._spill, n)
+            view, done = memoryview(raw), 0
+            while done < n:
+                done += os.pwrite(self._spill, view[done:], done)
+            self.slot[S_SPILLED] = 1
+        self.slot[S_OUT_LEN] = n
+
+    def clear(self) -> None:
+        self.slot[S_OUT_LEN] = 0
+
+    def __len__(self) -> int:
+        return int(self.slot[S_OUT_LEN])
+
+    def read(self):
+        """The last message (a buffer), or None if the writer wrote nothing."""
+        n = int(self.slot[S_OUT_LEN])
+        if n == 0:
+            return None
+        if not self.slot[S_SPILLED]:
+            return self.area[:n]
+        key = (int(self.slot[S_PID]), int(self.slot[S_SPILL_FD]))
+        fd = self._readers.get(key)
+        if fd is None:
+            fd = self._readers[key] = os.open(f"/proc/{key[0]}/fd/{key[1]}", os.O_RDONLY)
+        parts, done = [], 0
+        while done < n:
+            chunk = os.pread(fd, n - done, done)
+            if not chunk:
+                raise LockstepError(f"spilled message of {n:,} B ends at {done:,} B")
+            parts.append(chunk)
+            done += len(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        for fd in self._readers.values():
+            os.close(fd)
+        self._readers.clear()
+        if self._spill >= 0:
+            os.close(self._spill)
+            self._spill = -1
+
+
 class Views:
     """Numpy views of a shared block laid out by `layout` (`buf`: a writable uint8 array)."""
 
@@ -116,7 +180,7 @@ class Views:
         if buf.ctypes.data % _ALIGN:
             raise ValueError("shared block must be 64-byte aligned")
         off = layout.offsets()
-        n = layout.num_envs
+        n, w = layout.num_envs, layout.num_workers
 
         def part(name, dtype, shape):
             o, size = off[name]
@@ -126,126 +190,42 @@ class Views:
         self.control = part("control", np.uint32, (-1,))
         self.slots = part("slots", np.uint32, (-1, SLOT_WORDS))
         self.slots64 = self.slots.view(np.uint64)
-        self.obs = part("obs", np.dtype(layout.obs_dtype), (n, *layout.obs_shape))
-        self.act = part("act", np.dtype(layout.act_dtype), (n, *layout.act_shape))
+        self.obs = [part(f"obs{k}", np.dtype(d), (n, *shape))
+                    for k, (shape, d) in enumerate(layout.obs_leaves)]
+        self.act = [part(f"act{k}", np.dtype(d), (n, *shape))
+                    for k, (shape, d) in enumerate(layout.act_leaves)]
         self.rew = part("rew", np.float64, (n,))
         self.term = part("term", np.bool_, (n,))
         self.trunc = part("trunc", np.bool_, (n,))
-        self.info = part("info", np.uint8, (-1, layout.info_bytes))
-        self.error = part("error", np.uint8, (-1, layout.error_bytes))
-        self.args = part("args", np.uint8, (-1,))
+        info = part("info", np.uint8, (-1, layout.info_bytes))
+        self.out = [Channel(self.slots[k], info[k]) for k in range(max(w, 1))]
+        self.master = Channel(self.slots[w], part("args", np.uint8, (-1,)))
+
+    def close(self) -> None:
+        for ch in self.out + [self.master]:
+            ch.close()
 
 
 # ---------------------------------------------------------------------------- workers
 
-class EnvShare:
-    """The environments [lo, hi) of one worker, stepped into the shared batch arrays with
-    gymnasium's next-step autoreset, exactly as `SyncVectorEnv` steps them."""
-
-    def __init__(self, envs: Sequence[gym.Env], lo: int, views: Views):
-        self.envs = list(envs)
-        self.lo, self.hi = lo, lo + len(self.envs)
-        self.v = views
-        self.autoreset = np.zeros(len(self.envs), np.bool_)
-
-    def reset(self, seeds: Sequence, options, mask) -> list[tuple[int, dict]]:
-        v, infos = self.v, []
-        for k, env in enumerate(self.envs):
-            i = self.lo + k
-            if mask is not None and not mask[i]:
-                continue
-            obs, info = env.reset(seed=seeds[i], options=options)
-            v.obs[i] = obs
-            v.term[i] = False
-            v.trunc[i] = False
-            self.autoreset[k] = False
-            if info:
-                infos.append((i, info))
-        return infos
-
-    def step(self) -> list[tuple[int, dict]]:
-        v, infos = self.v, []
-        act = v.act
-        copy_action = act.ndim > 1          # an env may keep its action: never a shared view
-        for k, env in enumerate(self.envs):
-            i = self.lo + k
-            if self.autoreset[k]:
-                obs, info = env.reset()
-                v.rew[i] = 0.0
-                v.term[i] = False
-                v.trunc[i] = False
-            else:
-                a = act[i].copy() if copy_action else act[i]
-                obs, r, te, tr, info = env.step(a)
-                v.rew[i] = r
-                v.term[i] = te
-                v.trunc[i] = tr
-            v.obs[i] = obs
-            if info:
-                infos.append((i, info))
-        lo, hi = self.lo, self.hi
-        np.logical_or(v.term[lo:hi], v.trunc[lo:hi], out=self.autoreset)
-        return infos
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
+def send_out(views: Views, w: int, out: dict) -> None:
+    """Worker w's message of this round (its status says whether it holds errors)."""
+    ch = views.out[w]
+    if not out:
+        ch.clear()
+        return
+    ch.write(codec.encode(out, f"worker {w}'s results"))
 
 
-def read_reset_args(views: Views) -> tuple[list, object, object]:
-    args = codec.decode(views.args)
-    return args["seeds"], args["options"], args["mask"]
+def read_out(views: Views, w: int) -> dict:
+    raw = views.out[w].read()
+    return {} if raw is None else codec.decode(raw)
 
 
-def write_reset_args(views: Views, seeds, options, mask) -> None:
-    raw = codec.encode({"seeds": list(seeds), "options": options, "mask": mask}, "reset")
-    if len(raw) > views.args.nbytes:
-        raise ValueError(f"reset options: {len(raw):,} B encoded, more than the "
-                         f"{views.args.nbytes:,} B the lockstep block reserves for them")
-    views.args[:len(raw)] = np.frombuffer(raw, np.uint8)
-
-
-def _write_infos(views: Views, w: int, infos: list[tuple[int, dict]]) -> None:
-    area = views.info[w]
-    pos = 0
-    for i, info in infos:
-        raw = codec.encode(info, f"info of env {i}")
-        end = pos + _RECORD.size + len(raw)
-        if end > area.nbytes:
-            raise LockstepError(f"the infos of worker {w} need more than info_bytes="
-                                f"{area.nbytes:,} B per worker; raise info_bytes")
-        _RECORD.pack_into(area, pos, i, len(raw))
-        area[pos + _RECORD.size:end] = np.frombuffer(raw, np.uint8)
-        pos = end
-    views.slots[w, S_INFO_LEN] = pos
-
-
-def read_infos(views: Views, w: int) -> list[tuple[int, dict]]:
-    """The (env index, info) records worker `w` wrote in the last round."""
-    n = int(views.slots[w, S_INFO_LEN])
-    area = views.info[w]
-    out, pos = [], 0
-    while pos < n:
-        i, k = _RECORD.unpack_from(area, pos)
-        pos += _RECORD.size
-        out.append((i, codec.decode(area[pos:pos + k])))
-        pos += k
-    return out
-
-
-def _write_error(views: Views, w: int, text: str) -> None:
-    raw = text.encode("utf-8", "replace")
-    cap = views.error.shape[1]
-    if len(raw) > cap:
-        raw = b"...\n" + raw[-(cap - 4):]     # the end of a traceback says the most
-    views.error[w, :len(raw)] = np.frombuffer(raw, np.uint8)
-    views.slots[w, S_ERR_LEN] = len(raw)
-    views.slots[w, S_STATUS] = STATUS_ERROR
-
-
-def read_error(views: Views, w: int) -> str:
-    n = int(views.slots[w, S_ERR_LEN])
-    return bytes(views.error[w, :n]).decode("utf-8", "replace")
+def error_record(i: int, what: str, exc: BaseException) -> tuple:
+    """An exception as plain data: (env, what, type module, type name, message, traceback)."""
+    t = type(exc)
+    return (i, what, t.__module__, t.__qualname__, str(exc), traceback.format_exc())
 
 
 @dataclass(frozen=True)
@@ -267,67 +247,31 @@ class Backoff:
         return Backoff()
 
 
-def serve(views: Views, w: int, make_envs: Callable[[], Sequence[gym.Env]],
-          backoff: Backoff, master_alive: Callable[[], bool]) -> None:
-    """Worker `w`'s loop: build its environments, then run commands until CLOSE.
+def _culprit(out: dict) -> tuple | None:
+    """The error record naming the first value of `out` that cannot be encoded."""
+    for key, label in (("infos", "info"), ("obs", "observation"), ("results", "result")):
+        for i, value in out.get(key, ()):
+            try:
+                codec.encode(value, f"{label} of env {i}")
+            except Exception as exc:
+                return error_record(i, f"encoding its {label}", exc)
+    return None
 
-    Exceptions from the environments go back to the master with their traceback; this
-    function returns on CLOSE, or when `master_alive()` says the master is gone."""
-    ctl = views.control
-    views.slots[w, S_PID] = os.getpid()
-    share = None
+
+def report(views: Views, w: int, out: dict) -> None:
     try:
-        lo, hi = views.layout.ranges()[w]
-        envs = list(make_envs())
-        if len(envs) != hi - lo:
-            raise LockstepError(f"worker {w} built {len(envs)} environments, expected {hi - lo}")
-        share = EnvShare(envs, lo, views)
-    except BaseException:
-        _write_error(views, w, f"while building environments:\n{traceback.format_exc()}")
-    last = core.command_seq(ctl)       # before `done`: the master may post right after it
-    core.done(ctl)
-    try:
-        while True:
-            cmd = core.wait_command(ctl, last, backoff.spin_ns, backoff.yield_ns,
-                                    backoff.check_ns)
-            if cmd is None:
-                if not master_alive():
-                    return
-                continue
-            last, op, _ = cmd
-            t0 = time.perf_counter_ns()
-            if op == OP_CLOSE:
-                core.done(ctl)
-                return
-            if share is None:             # could not build: the master already knows
-                core.done(ctl)
-                continue
-            try:
-                if op == OP_STEP:
-                    infos = share.step()
-                elif op == OP_RESET:
-                    infos = share.reset(*read_reset_args(views))
-                else:
-                    raise LockstepError(f"unknown command {op}")
-                _write_infos(views, w, infos)
-            except BaseException:
-                lo, hi = share.lo, share.hi
-                _write_error(views, w, f"worker {w} (envs {lo}..{hi - 1}) failed in "
-                                       f"{OP_NAMES.get(op, op)}:\n{traceback.format_exc()}")
-            views.slots64[w, S64_BUSY_NS] += time.perf_counter_ns() - t0
-            core.done(ctl)
-    finally:
-        if share is not None:
-            try:
-                share.close()
-            except Exception:
-                pass
+        send_out(views, w, out)
+    except Exception as exc:          # e.g. an info that is not plain data
+        out = {"errors": [_culprit(out) or error_record(-1, "encoding the results", exc)]}
+        send_out(views, w, out)
+    if "errors" in out:
+        views.slots[w, S_STATUS] = STATUS_ERROR
 
 
 # ---------------------------------------------------------------------------- master
 
 class Master:
-    """The master's side: post a command, wait for every worker, surface their errors.
+    """The master's side: post a command, wait for every worker, collect their errors.
 
     `worker_dead(w)` returns a description if worker w is gone (None while it lives);
     it is asked whenever a wait has lasted `backoff.check_ns`."""
@@ -343,36 +287,50 @@ class Master:
     def arm_startup(self) -> None:
         """Before any worker starts: expect one 'ready' from each."""
         self.v.slots[:] = 0
+        self.v.slots[self.n, S_PID] = os.getpid()
         core.arm(self.v.control, self.n)
 
+    def send(self, message) -> None:
+        """The arguments of the next command, for every worker."""
+        self.v.master.write(codec.encode(message, "arguments"))
+
     def post(self, op: int) -> None:
-        # Workers set their own info length every round and a status only on error
+        # Workers set their own message length every round and a status only on error
         # (which ends the env), so there is nothing to clear here.
         core.post(self.v.control, op, 0, self.n)
         self.in_flight = True
 
-    def wait(self, what: str, timeout: float | None = None) -> None:
-        """Wait for the command in flight; raise LockstepError naming the worker that
-        failed (with its traceback) or died."""
+    def wait(self, what: str, timeout: float | None = None) -> bool:
+        """Wait for the command in flight: True once every worker is done, False after
+        `timeout` seconds; LockstepError names a worker that died."""
         b, ctl = self.backoff, self.v.control
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not core.wait_round(ctl, b.spin_ns, b.yield_ns, b.check_ns):
+        while True:
+            budget = b.check_ns
+            if deadline is not None:
+                budget = max(1000, min(budget, int((deadline - time.monotonic()) * 1e9)))
+            if core.wait_round(ctl, b.spin_ns, b.yield_ns, budget):
+                break
             for w in range(self.n):
                 why = self.worker_dead(w)
                 if why is not None:
                     self.in_flight = False
                     raise LockstepError(f"lockstep worker {w} {why} during {what}")
-            if deadline is not None and time.monotonic() > deadline:
-                raise LockstepError(f"lockstep workers did not finish {what} within {timeout} s")
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
         self.in_flight = False
-        status = self.v.slots[:, S_STATUS]
-        if status.any():
-            w = int(np.flatnonzero(status == STATUS_ERROR)[0])
-            raise LockstepError(f"lockstep worker {w} raised during {what}:\n"
-                                f"{read_error(self.v, w)}")
+        return True
+
+    def failures(self) -> list[tuple]:
+        """(worker, error record) for every error the workers reported in the last round."""
+        status = self.v.slots[:self.n, S_STATUS]
+        if not status.any():
+            return []
+        return [(int(w), rec) for w in np.flatnonzero(status == STATUS_ERROR)
+                for rec in read_out(self.v, int(w)).get("errors", ())]
 
     def pids(self) -> list[int]:
-        return [int(p) for p in self.v.slots[:, S_PID]]
+        return [int(p) for p in self.v.slots[:self.n, S_PID]]
 
     def busy_seconds(self) -> np.ndarray:
         """Seconds each worker has spent running commands (stepping, resetting)."""
