@@ -24,6 +24,12 @@ min(W, cores) x plain; Pong: >= 10x ray, >= 0.9x min(W, cores) x plain, and with
     python bench/bench_lockstep.py [--seconds 2] [--workers 1,2,4] [--per-worker 1,8,32]
                                    [--envs cartpole,pong] [--json OUT]
     python bench/bench_lockstep.py --quick
+    python bench/bench_lockstep.py --spread 5      # the issue's three rows, 5 runs each
+
+--spread N measures the three rows the issue's held-out check names (CartPole W=2 E=1
+vs async, CartPole W=2 E=16 vs sync -- 32 envs in one process --, Pong W=2 E=1 vs
+plain) N times, alternating ours and the peer, and prints min / median / max of each
+ratio: how much the rate depends on luck (where the master runs, how waits wake).
 """
 
 from __future__ import annotations
@@ -104,6 +110,9 @@ def main() -> int:
                    help="skip one-process-per-env engines above this many processes")
     p.add_argument("--quick", action="store_true", help="1 s runs, W in 1,2, E in 1,8")
     p.add_argument("--json", default="", help="also write every record to this file")
+    p.add_argument("--spread", type=int, default=0,
+                   help="only the issue's three rows, measured this many times each, "
+                        "with min/median/max of the ratios")
     args = p.parse_args()
     if args.quick:
         args.seconds, args.warmup, args.workers, args.per_worker = 1.0, 0.3, "1,2", "1,8"
@@ -113,6 +122,8 @@ def main() -> int:
     print(f"bench_lockstep: {cores} cores; {args.seconds:g} s per measurement after "
           f"{args.warmup:g} s warm-up; steps/s are environment steps (a round of N envs = N)")
     records, failures = [], []
+    if args.spread:
+        return spread(args)
 
     for env in args.envs.split(","):
         plain = measure("plain", env, 1, 1, args)
@@ -174,6 +185,36 @@ def main() -> int:
     for f in failures:
         print(f"FAILED {f}")
     return 1 if failures else 0
+
+
+SPREAD_ROWS = [("cartpole", 2, 1, "async", "vs AsyncVectorEnv"),
+               ("cartpole", 2, 16, "sync", "vs one process stepping the 32 envs"),
+               ("pong", 2, 1, "plain", "vs one env (per core: x min(W, cores))")]
+
+
+def spread(args) -> int:
+    """The issue's three rows, `args.spread` times each; min/median/max of the ratios."""
+    import statistics
+    cores = len(os.sched_getaffinity(0))
+    print(f"\n== spread over {args.spread} runs (ours and the peer alternate)")
+    for env, w, e, peer, what in SPREAD_ROWS:
+        ours, theirs, ratios = [], [], []
+        for _ in range(args.spread):
+            a = measure("lockstep", env, w, e, args)
+            b = measure(peer, env, 1 if peer == "plain" else w, 1 if peer == "plain" else e, args)
+            if "steps_per_s" not in a or "steps_per_s" not in b:
+                print(f"  {env} W={w} E={e}: skipped ({a.get('skipped') or b.get('skipped')})")
+                break
+            scale = min(w, cores) if peer == "plain" else 1
+            ours.append(a["steps_per_s"])
+            theirs.append(b["steps_per_s"])
+            ratios.append(a["steps_per_s"] / (b["steps_per_s"] * scale))
+        if ratios:
+            print(f"  {env:<8} W={w} E={e:<3} {what}: ratio min {min(ratios):.2f}x  median "
+                  f"{statistics.median(ratios):.2f}x  max {max(ratios):.2f}x   (ours "
+                  f"{min(ours):,.0f}..{max(ours):,.0f} steps/s, {peer} "
+                  f"{min(theirs):,.0f}..{max(theirs):,.0f})", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -82,8 +82,10 @@ def run(args) -> dict:
             from pal_hpc.envs.lockstep import LockstepVectorEnv
             env = LockstepVectorEnv([make] * n, args.workers)
             lay = env._views.layout
-            obs_b = int(np.prod(lay.obs_shape)) * np.dtype(lay.obs_dtype).itemsize
-            act_b = int(np.prod(lay.act_shape, dtype=np.int64)) * np.dtype(lay.act_dtype).itemsize
+            def leaf_bytes(leaves):
+                return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(d).itemsize
+                           for shape, d in leaves)
+            obs_b, act_b = leaf_bytes(lay.obs_leaves), leaf_bytes(lay.act_leaves)
             # per env step: obs written once into the shared batch and copied once out
             # of it (copy=True), the action copied in, reward + 2 flags written and copied
             extra["bytes_copied_per_step"] = 2 * obs_b + act_b + 2 * 10
