@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode
 
 from conftest import ROOT
 from pal_hpc.envs.lockstep import LockstepError, LockstepVectorEnv
+from test_lockstep import _alive
 
 
 def _short(i=0, **kw):
@@ -201,10 +202,3 @@ def test_the_interpreter_exits_with_an_env_left_open(how):
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids)
 
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
