@@ -27,6 +27,7 @@ from typing import Any
 from pal_hpc.options import ConfigError, option
 
 DEVICES = ("auto", "cpu", "cuda")
+LEARNER_BATCHES = ("split", "full")
 MAX_FANOUT = 4096  # the native KSumTree's limit
 MAX_SEED = 2**32 - 1
 # Above this, actors could only insert about one transition per million samples: the
@@ -88,7 +89,13 @@ class Config:
     replay_capacity: int = _f(100_000, "replay buffer capacity in transitions, per node; 0 = "
                                        "auto: 1,000,000, or the most that fit in the node's "
                                        "free memory (DQN's default on Atari ids)")
-    batch_size: int = _f(64, "transitions per learner gradient step")
+    batch_size: int = _f(64, "transitions per update, the global batch: with learner_batch "
+                             "split each of L learners samples and differentiates a share")
+    learner_batch: str = _f("split", "split: the learners share batch_size between them (one "
+                                     "update with L learners = one learner on the union); "
+                                     "full: every learner samples a whole batch_size and the "
+                                     "update averages the L batches (the behaviour before)",
+                            choices=LEARNER_BATCHES)
     learning_starts: int = _f(1_000, "transitions a node's buffer holds before its "
                                      "learners start")
     replay_ratio: float = _f(32.0, "sampled transitions per inserted transition "
@@ -152,6 +159,7 @@ class Config:
             _check_type(name, tp, getattr(self, name))
         _check_choice("algo", self.algo, tuple(algorithms()))
         _check_choice("device", self.device, DEVICES)
+        _check_choice("learner_batch", self.learner_batch, LEARNER_BATCHES)
         _check_env(self.env)
 
         req = lambda name, ok, what: _require(self, name, ok, what)  # noqa: E731

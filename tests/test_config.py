@@ -366,7 +366,7 @@ def test_run_defaults_fill_only_the_fields_not_given(other):
     assert config_from_dict({"algo": "other", "gamma": 0.95}).batch_size == 48
     assert config_from_dict({}).gamma == Config().gamma == 0.99   # dqn has none
     words = " ".join(build_parser().format_help().split())
-    assert re.search(r"--batch-size N transitions per learner gradient step "
+    assert re.search(r"--batch-size N transitions per update, the global batch: .*? "
                      r"\(default: 64;[^)]* other 48\)", words)
 
 

@@ -7,7 +7,8 @@ algorithm knows no MPI.  Two sides, as in Acme's learner/actor split:
   update number u it asks `phases(u)` (say ("critic", "actor") on TD3's delayed
   steps), and for each phase in turn computes that phase's gradient into one flat
   float32 buffer (`compute_gradients`), sums it over every learner with one
-  Allreduce, and hands the sum back (`apply_gradients`, with scale = 1/learners).
+  Allreduce, and hands the sum back (`apply_gradients`, with the scale that turns
+  the learners' share-weighted sum into the mean over the update's global batch).
   The algorithm owns its optimizers, target networks and Polyak averaging; the
   runtime never sees them.  The first phase returns the new priorities of the
   sampled transitions (|TD error|), or None when the algorithm has none.
@@ -122,6 +123,7 @@ class Algorithm(ABC):
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: AlgoConfig, *,
                  device: Any = "cpu", seed: int = 0):
         self.obs_space, self.act_space, self.config = obs_space, act_space, config
+        self.row_offset, self.row_total = 0, 0     # see set_rows; 0 rows = the whole batch
 
     # -- what the runtime asks before building anything --------------------------------
 
@@ -168,6 +170,21 @@ class Algorithm(ABC):
     @abstractmethod
     def apply_gradients(self, phase: str, flat_grad: np.ndarray, scale: float = 1.0) -> None:
         """Step `phase`'s optimizer with `flat_grad * scale` (target updates included)."""
+
+    def set_rows(self, offset: int, total: int) -> None:
+        """This learner's share of every update's global batch: its rows begin at row
+        `offset` of `total` (the runtime's `--learner-batch split`).  Noise drawn per
+        row (TD3's target smoothing, SAC's reparameterisation) is drawn for all `total`
+        rows and sliced (`row_noise`), so L learners see the noise one learner on the
+        union would, and every learner's generator stays in the same state."""
+        self.row_offset, self.row_total = int(offset), int(total)
+
+    def row_noise(self, b: int, cols: int, generator: torch.Generator,
+                  device: torch.device) -> torch.Tensor:
+        """(b, cols) standard normal draws for this learner's b rows (see set_rows)."""
+        total = self.row_total if self.row_offset + b <= self.row_total else b
+        noise = torch.randn((total, cols), generator=generator, device=device)
+        return noise if total == b else noise[self.row_offset:self.row_offset + b]
 
     # -- state -------------------------------------------------------------------------
 

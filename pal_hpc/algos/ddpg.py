@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
-from pal_hpc.algos.nets import MLP, FlatParams, obs_dim, seeded
+from pal_hpc.algos.nets import (MLP, PRECISIONS, FlatParams, autocast, obs_dim,
+                                precision_option, seeded)
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.options import option as _f
 
@@ -63,6 +64,7 @@ class DDPGConfig(AlgoConfig):
                                   "noise_spread * i / (N-1)) (0 = all actors equal)")
     random_steps: int = _f(10_000, "global env steps of uniform random actions before "
                                    "the actors use the policy")
+    precision: str = precision_option()
 
     def validate(self) -> None:
         super().validate()
@@ -74,6 +76,7 @@ class DDPGConfig(AlgoConfig):
             "must be a non-empty list of positive widths")
         for name in ("grad_clip", "action_noise", "noise_spread", "random_steps"):
             req(name, getattr(self, name) >= 0, "must be >= 0")
+        req("precision", self.precision in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
 
 
 def actor_sigma(cfg: DDPGConfig, actor_index: int, n_actors: int) -> float:
@@ -214,11 +217,14 @@ class DDPG(Algorithm):
         action = self._tensor(batch["action"]).reshape(obs.shape[0], self.act_dim)
         reward, discount = self._tensor(batch["reward"]), self._tensor(batch["discount"])
         weights = self._tensor(batch["weights"])
-        with torch.no_grad():
-            next_action = self.target_action(next_obs)
-            next_q = torch.stack([q(next_obs, next_action) for q in self.critic_target])
-            target = reward + discount * next_q.min(dim=0).values
-        q = torch.stack([critic(obs, action) for critic in self.critics])   # (n_critics, B)
+        with autocast(self.device, self.config.precision):
+            with torch.no_grad():
+                next_action = self.target_action(next_obs)
+                next_q = torch.stack([q(next_obs, next_action) for q in self.critic_target])
+            q = torch.stack([critic(obs, action) for critic in self.critics])  # (n_critics, B)
+        # The TD error and the loss in float32 whatever the networks' precision.
+        q = q.float()
+        target = reward + discount * next_q.float().min(dim=0).values
         td = target - q
         loss = (weights * td.square()).mean(dim=1).sum()
         td_abs = td.detach().abs().mean(dim=0)
@@ -234,7 +240,9 @@ class DDPG(Algorithm):
         in PER-TD3 practice: the importance weights correct the critic's regression
         towards the sampling distribution; the actor just ascends Q on visited states."""
         obs = self._tensor(batch["obs"])
-        return -self.critics[0](obs, self.actor(obs)).mean()
+        with autocast(self.device, self.config.precision):
+            q = self.critics[0](obs, self.actor(obs))
+        return -q.float().mean()
 
     def compute_gradients(self, phase: str, batch: dict[str, np.ndarray],
                           out: np.ndarray | None = None, metrics: bool = False

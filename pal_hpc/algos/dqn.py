@@ -29,7 +29,8 @@ from torch import nn
 
 from pal_hpc.algos.cnn import KINDS as CNN_KINDS
 from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
-from pal_hpc.algos.nets import FlatParams, MLPTorso, is_image, seeded, torso
+from pal_hpc.algos.nets import (PRECISIONS, FlatParams, MLPTorso, autocast, is_image,
+                                precision_option, seeded, torso)
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.options import option as _f
 
@@ -59,6 +60,7 @@ class DQNConfig(AlgoConfig):
                                        "250,000)")
     eps_spread: float = _f(3.0, "actor i of N ends at eps_final ** (1 + eps_spread * i / "
                                 "(N-1)), Ape-X style (0 = all actors equal; Atari ids: 0)")
+    precision: str = precision_option()
 
     def validate(self) -> None:
         super().validate()
@@ -77,6 +79,7 @@ class DQNConfig(AlgoConfig):
             f"must be <= eps_start ({self.eps_start})")
         req("exploration_steps", self.exploration_steps >= 0, "must be >= 0")
         req("eps_spread", self.eps_spread >= 0, "must be >= 0")
+        req("precision", self.precision in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
 
 
 def actor_epsilon(cfg: DQNConfig, actor_index: int, n_actors: int, global_steps: float) -> float:
@@ -253,13 +256,17 @@ class DQN(Algorithm):
         discount = self._tensor(batch["discount"])
         weights = self._tensor(batch["weights"])
 
-        q_all = self.online(obs)
-        q = q_all.gather(1, action.unsqueeze(1)).squeeze(1)
+        with autocast(self.device, self.config.precision):
+            q_all = self.online(obs)
+            with torch.no_grad():
+                next_q_target = self.target(next_obs)
+                best = self.online(next_obs).argmax(dim=1, keepdim=True) if self.double_q else None
+        # The TD error and the loss in float32 whatever the networks' precision.
+        q = q_all.float().gather(1, action.unsqueeze(1)).squeeze(1)
         with torch.no_grad():
-            next_q_target = self.target(next_obs)
+            next_q_target = next_q_target.float()
             if self.double_q:
                 # Double DQN: the online net picks the action, the target net values it.
-                best = self.online(next_obs).argmax(dim=1, keepdim=True)
                 next_v = next_q_target.gather(1, best).squeeze(1)
             else:
                 next_v = next_q_target.max(dim=1).values

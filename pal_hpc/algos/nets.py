@@ -4,6 +4,7 @@ observation space (a CNN on frames, an MLP on vectors), and flat parameter buffe
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Sequence
 
@@ -14,6 +15,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from pal_hpc.algos.cnn import CNNTorso
+from pal_hpc.options import option
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def precision_option() -> str:
+    """The `precision` field of the off-policy algorithms' configs (DQN, DDPG, TD3, SAC)."""
+    return option("fp32", "arithmetic of the learner's forward and backward passes: fp32, "
+                          "or bf16 (torch.autocast to bfloat16: matrix products and "
+                          "convolutions in bf16; the parameters, gradients, optimizer and "
+                          "Allreduce stay fp32)", choices=PRECISIONS)
+
+
+def autocast(device: torch.device, precision: str):
+    """The context a learner's losses run in: bf16 autocast, or nothing for fp32.
+    Backward passes follow the dtypes recorded in the forward, so a loss computed
+    inside it backpropagates in bf16 into the fp32 parameters' gradients."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 class MLP(nn.Module):

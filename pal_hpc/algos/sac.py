@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
-from pal_hpc.algos.nets import MLP, FlatParams, obs_dim, seeded
+from pal_hpc.algos.nets import (MLP, PRECISIONS, FlatParams, autocast, obs_dim,
+                                precision_option, seeded)
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.options import option as _f
 
@@ -50,6 +51,7 @@ class SACConfig(AlgoConfig):
                                 "policy acts")
     grad_clip: float = _f(0.0, "global-norm clip of the critic and the actor gradients, "
                                "each apart (0 = no clipping)")
+    precision: str = precision_option()
 
     def validate(self) -> None:
         super().validate()
@@ -61,6 +63,7 @@ class SACConfig(AlgoConfig):
         req("init_alpha", self.init_alpha > 0, "must be > 0")
         req("random_steps", self.random_steps >= 0, "must be >= 0")
         req("grad_clip", self.grad_clip >= 0, "must be >= 0")
+        req("precision", self.precision in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
 
 
 # ---- the squashed Gaussian ------------------------------------------------------------------
@@ -86,7 +89,8 @@ class GaussianActor(nn.Module):
         self.net = MLP([obs_dim, *hidden, 2 * act_dim])
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = self.net(obs.reshape(obs.shape[0], -1)).chunk(2, dim=-1)
+        # float(): under bf16 autocast the sampling and log-density maths stay float32.
+        mean, log_std = self.net(obs.reshape(obs.shape[0], -1)).float().chunk(2, dim=-1)
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +108,7 @@ class TwinQ(nn.Module):
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.cat([obs.reshape(obs.shape[0], -1), action], dim=1)
-        return self.q1(x).squeeze(1), self.q2(x).squeeze(1)
+        return self.q1(x).float().squeeze(1), self.q2(x).float().squeeze(1)
 
 
 class Temperature(nn.Module):
@@ -213,8 +217,9 @@ class SAC(Algorithm):
     # ---- losses ---------------------------------------------------------------------
 
     def noise(self, b: int) -> torch.Tensor:
-        """(b, act_dim) standard normal draws from the learner's own generator."""
-        return torch.randn((b, self.act_dim), generator=self.generator, device=self.device)
+        """(b, act_dim) standard normal draws from the learner's own generator (this
+        learner's rows of the global batch's draw: `Algorithm.set_rows`)."""
+        return self.row_noise(b, self.act_dim, self.generator, self.device)
 
     @torch.no_grad()
     def critic_target_values(self, next_obs: torch.Tensor, reward: torch.Tensor,
@@ -294,10 +299,11 @@ class SAC(Algorithm):
             raise ValueError(f"out must be float32 of shape ({params.numel},), got "
                              f"{None if out is None else (out.dtype, out.shape)}")
         params.grad.zero_()
-        if phase == "critic":
-            loss, stats, priorities = self.critic_loss(batch, metrics)
-        else:
-            (loss, stats), priorities = self.actor_loss(batch, metrics), None
+        with autocast(self.device, self.config.precision):
+            if phase == "critic":
+                loss, stats, priorities = self.critic_loss(batch, metrics)
+            else:
+                (loss, stats), priorities = self.actor_loss(batch, metrics), None
         loss.backward()
         out[...] = params.grad.cpu().numpy()
         return stats, priorities

@@ -4,7 +4,8 @@
   takes the min over however many critics there are).
 - Target policy smoothing: a' = clip(actor'(s') + clip(N(0, target_noise),
   -noise_clip, noise_clip), -1, 1), the noise drawn from this learner's own seeded
-  generator (saved in the checkpoint), so a run is reproducible.
+  generator (saved in the checkpoint), so a run is reproducible; with the batch split
+  across learners each draws the whole batch's noise and keeps its rows (`set_rows`).
 - A delayed actor: update u has the "actor" phase (actor step, then Polyak on both
   targets) only when (u + 1) % policy_delay == 0.
 """
@@ -36,9 +37,13 @@ class TD3Config(DDPGConfig):
 
 
 def smooth_target_action(mean: torch.Tensor, noise_std: float, noise_clip: float,
-                         generator: torch.Generator) -> torch.Tensor:
-    """clip(mean + clip(N(0, noise_std), -noise_clip, noise_clip), -1, 1)."""
-    noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+                         generator: torch.Generator | None = None,
+                         noise: torch.Tensor | None = None) -> torch.Tensor:
+    """clip(mean + clip(noise_std * z, -noise_clip, noise_clip), -1, 1), z ~ N(0, 1) of
+    mean's shape: `noise` when given, else drawn from `generator`."""
+    if noise is None:
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device,
+                            dtype=mean.dtype)
     noise = (noise * noise_std).clamp_(-noise_clip, noise_clip)
     return (mean + noise).clamp_(-1.0, 1.0)
 
@@ -64,8 +69,10 @@ class TD3(DDPG):
         return ("critic",)
 
     def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
-        return smooth_target_action(self.actor_target(next_obs), self.config.target_noise,
-                                    self.config.noise_clip, self.noise_generator)
+        mean = self.actor_target(next_obs)
+        noise = self.row_noise(len(mean), mean.shape[1], self.noise_generator, mean.device)
+        return smooth_target_action(mean, self.config.target_noise, self.config.noise_clip,
+                                    noise=noise)
 
     def state_dict(self) -> dict:
         """DDPG's state and the smoothing-noise generator's."""

@@ -7,10 +7,24 @@ critic phase and, every other update, an actor phase).  Each phase computes its
 gradient into one flat buffer and posts a non-blocking Allreduce of it over all
 learners (every node); a later call that finds the reduction complete applies the
 averaged gradient and starts the next phase.  The first phase's buffer also
-carries [contributors | stop vote | pause vote]: because the votes travel inside the
+carries [rows | stop vote | pause vote]: because the votes travel inside the
 reduction, all learners take exactly the same steps and stop -- or pause for a
 checkpoint -- after the same one, and a learner that has no data yet still joins a
 reduction that ends the run or pauses it.
+
+Strong scaling (`--learner-batch split`, the default): `--batch-size` B is the global
+batch of one update.  Learner i of L samples its share b_i (`batch_shares`: shares
+differ by at most one) and sends b_i times its mean gradient, with b_i in the rows
+slot; the sum divided by the summed rows is then the mean gradient over the union
+of the shares -- one update with L learners is one learner's update on the union,
+L times cheaper per learner.  A learner that votes sends zeros and 0 rows, so the
+update is the mean over the rows actually sampled.  Importance weights need no
+coordination: the replay normalises them by its buffer-wide minimum priority (the
+largest weight any slot could have, PER's max_j w_j over the buffer), not by the
+sampled batch, so a row's weight does not depend on how the batch was split.  With
+several nodes each node's replay has its own minimum (as it has its own
+distribution).  `--learner-batch full` is the behaviour before: every learner
+samples a whole batch and the update averages the L batches (1 row-weight each).
 """
 
 from __future__ import annotations
@@ -20,10 +34,19 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from pal_hpc.options import ConfigError
+
 
 # Loss metrics (loss, q_mean, td_abs_mean, grad_norm) are computed on every
 # METRICS_EVERY-th update only -- the ones the metrics log records.
 METRICS_EVERY = 10
+
+
+def batch_shares(batch: int, learners: int) -> list[int]:
+    """`batch` rows split among `learners`, as equal as integers allow (the first
+    batch % learners shares are one larger)."""
+    q, r = divmod(batch, learners)
+    return [q + (i < r) for i in range(learners)]
 
 
 class Learner:
@@ -41,6 +64,20 @@ class Learner:
         self.updates = 0
         self.done = False
         self.metrics: dict[str, float] = {}
+        n_learners, index = learners_comm.Get_size(), learners_comm.Get_rank()
+        if cfg.learner_batch == "split":
+            if cfg.batch_size < n_learners:
+                raise ConfigError(f"batch_size: {cfg.batch_size} rows cannot be split among "
+                                  f"{n_learners} learners (use at least one row per learner, "
+                                  f"or --learner-batch full)")
+            shares = batch_shares(cfg.batch_size, n_learners)
+            self.share = shares[index]           # rows this learner samples per update
+            algo.set_rows(sum(shares[:index]), cfg.batch_size)
+            # The gradient's weight in the sum: its rows (1 for a lone learner, whose
+            # mean gradient is the update's: no rescaling, no rounding).
+            self._weight = float(self.share) if n_learners > 1 else 1.0
+        else:
+            self.share, self._weight = cfg.batch_size, 1.0
         self.busy_seconds = 0.0
         self.sample_times: list[float] = []     # seconds per replay.sample, for telemetry
         self.paused = False                  # stopped after a pause vote, until resumed
@@ -52,7 +89,7 @@ class Learner:
         self._phase, self._first, self._n = "", False, 0   # the reduction in flight
         self._todo: list[str] = []           # phases of this update still to run
         self._voting = False                 # this update: zeros and a vote, no batch
-        self._contributors = 0.0
+        self._rows = 0.0                     # the update's summed row weights
         self._votes = (False, False)
         self._batch: dict | None = None
         self._want_metrics = False
@@ -70,7 +107,7 @@ class Learner:
         inserted = self.replay.inserted()
         if inserted < self.cfg.learning_starts:
             return False
-        return self.replay.sampled() + self.cfg.batch_size <= self.cfg.replay_ratio * inserted
+        return self.replay.sampled() + self.share <= self.cfg.replay_ratio * inserted
 
     def step(self, stopping: bool, progress: float, pause: bool = False) -> bool:
         """Advance; True if it did work.  `progress` in [0, 1] anneals beta; `pause`
@@ -99,7 +136,7 @@ class Learner:
             return False
         t0 = time.perf_counter()
         beta = self.cfg.per_beta + (1.0 - self.cfg.per_beta) * min(1.0, progress)
-        self._batch = self.replay.sample(self.cfg.batch_size, beta=beta, rng=self.rng)
+        self._batch = self.replay.sample(self.share, beta=beta, rng=self.rng)
         self.sample_times.append(time.perf_counter() - t0)
         self._want_metrics = (self.updates + 1) % METRICS_EVERY == 0
         if self._want_metrics:
@@ -107,12 +144,12 @@ class Learner:
         self._voting = False
         self._todo = list(self.algo.phases(self.updates))
         self.busy_seconds += time.perf_counter() - t0
-        self._run_phase(self._todo.pop(0), first=True, votes=(1.0, 0.0, 0.0))
+        self._run_phase(self._todo.pop(0), first=True, votes=(self._weight, 0.0, 0.0))
         return True
 
     def _run_phase(self, phase: str, first: bool, votes=(0.0, 0.0, 0.0)) -> None:
         """Compute `phase`'s gradient (zeros when voting) and post its reduction; the
-        first phase of an update carries [contributors | stop | pause]."""
+        first phase of an update carries [rows | stop | pause]."""
         t0 = time.perf_counter()
         n = self.algo.phase_size(phase)
         if self._voting:
@@ -120,6 +157,8 @@ class Learner:
         else:
             metrics, priorities = self.algo.compute_gradients(
                 phase, self._batch, out=self._send[:n], metrics=self._want_metrics)
+            if self._weight != 1.0:
+                np.multiply(self._send[:n], np.float32(self._weight), out=self._send[:n])
             if priorities is not None:
                 self.replay.update_priorities(self._batch["indices"], priorities,
                                               self._batch["tickets"])
@@ -136,14 +175,14 @@ class Learner:
     def _finish(self) -> None:
         t0 = time.perf_counter()
         if self._first:
-            contributors, stop, pause = (float(v) for v in self._recv[-3:])
-            self._contributors, self._votes = contributors, (stop > 0, pause > 0)
-            if contributors == 0:            # every learner voted: no update
+            rows, stop, pause = (float(v) for v in self._recv[-3:])
+            self._rows, self._votes = rows, (stop > 0, pause > 0)
+            if rows == 0:                    # every learner voted: no update
                 self._todo = []
                 self._end_update(applied=False)
                 return
         self.algo.apply_gradients(self._phase, self._recv[:self._n],
-                                  scale=1.0 / self._contributors)
+                                  scale=1.0 / self._rows)
         if not self._todo:
             self._end_update(applied=True)
         self.busy_seconds += time.perf_counter() - t0
