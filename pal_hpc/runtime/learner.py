@@ -40,6 +40,11 @@ from pal_hpc.options import ConfigError
 # Loss metrics (loss, q_mean, td_abs_mean, grad_norm) are computed on every
 # METRICS_EVERY-th update only -- the ones the metrics log records.
 METRICS_EVERY = 10
+# Where a learner's wall time goes (seconds, summed; `Learner.profile`): its own calls,
+# the Allreduce from post to completion, the time the rate limit held it back, and
+# -- filled in by the rank's loop -- its sleeps.
+PROFILE_PARTS = ("sample", "gradients", "priorities", "reduce", "apply", "publish",
+                 "rate_limited", "sleep_idle", "sleep_reducing")
 
 
 def batch_shares(batch: int, learners: int) -> list[int]:
@@ -79,6 +84,9 @@ class Learner:
         else:
             self.share, self._weight = cfg.batch_size, 1.0
         self.busy_seconds = 0.0
+        self.profile = dict.fromkeys(PROFILE_PARTS, 0.0)
+        self._posted = 0.0                   # when the reduction in flight was posted
+        self._held_since = None              # when the rate limit began holding us back
         self.sample_times: list[float] = []     # seconds per replay.sample, for telemetry
         self.paused = False                  # stopped after a pause vote, until resumed
         n = max(algo.phase_size(p) for u in range(8) for p in algo.phases(u))
@@ -118,7 +126,12 @@ class Learner:
             if not self._req.Test():
                 return False
             self._req = None
+            self.profile["reduce"] += time.perf_counter() - self._posted
             self._finish()
+            if self._todo:
+                # The update's next phase at once: a loop turn (and the sleep the
+                # reduction's wait may bring) between phases is pure latency.
+                self._run_phase(self._todo.pop(0), first=False)
             return True
         if self._todo:                       # the next phase of the update under way
             self._run_phase(self._todo.pop(0), first=False)
@@ -133,11 +146,17 @@ class Learner:
                             votes=(0.0, 1.0, 0.0) if stopping else (0.0, 0.0, 1.0))
             return True
         if not self.ready():
+            if self._held_since is None:
+                self._held_since = time.perf_counter()
             return False
         t0 = time.perf_counter()
+        if self._held_since is not None:
+            self.profile["rate_limited"] += t0 - self._held_since
+            self._held_since = None
         beta = self.cfg.per_beta + (1.0 - self.cfg.per_beta) * min(1.0, progress)
         self._batch = self.replay.sample(self.share, beta=beta, rng=self.rng)
         self.sample_times.append(time.perf_counter() - t0)
+        self.profile["sample"] += self.sample_times[-1]
         self._want_metrics = (self.updates + 1) % METRICS_EVERY == 0
         if self._want_metrics:
             self.metrics = {}
@@ -159,9 +178,12 @@ class Learner:
                 phase, self._batch, out=self._send[:n], metrics=self._want_metrics)
             if self._weight != 1.0:
                 np.multiply(self._send[:n], np.float32(self._weight), out=self._send[:n])
+            t1 = time.perf_counter()
+            self.profile["gradients"] += t1 - t0
             if priorities is not None:
                 self.replay.update_priorities(self._batch["indices"], priorities,
                                               self._batch["tickets"])
+                self.profile["priorities"] += time.perf_counter() - t1
             if self._want_metrics:
                 self.metrics.update(metrics)
         self._send[-3:] = votes
@@ -171,6 +193,7 @@ class Learner:
             self._finish()              # _recv is _send
         else:
             self._req = self.comm.Iallreduce(self._send, self._recv, op=MPI.SUM)
+            self._posted = time.perf_counter()
 
     def _finish(self) -> None:
         t0 = time.perf_counter()
@@ -183,8 +206,11 @@ class Learner:
                 return
         self.algo.apply_gradients(self._phase, self._recv[:self._n],
                                   scale=1.0 / self._rows)
+        t1 = time.perf_counter()
+        self.profile["apply"] += t1 - t0
         if not self._todo:
             self._end_update(applied=True)
+            self.profile["publish"] += time.perf_counter() - t1
         self.busy_seconds += time.perf_counter() - t0
 
     def _end_update(self, applied: bool) -> None:

@@ -35,7 +35,7 @@ from pal_hpc.runtime.coordinator import Coordinator
 from pal_hpc.envs import action_info, make_env, obs_info
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
 from pal_hpc.runtime.learner import METRICS_EVERY, Learner
-from pal_hpc.runtime.pacing import IDLE_SLEEP, REDUCING_SLEEP
+from pal_hpc.runtime.pacing import IDLE_SLEEP, REDUCING_SLEEP, tighten_timer_slack
 from pal_hpc.runtime.preflight import (check_replay_fits, make_replay, replay_kind,
                                        resolve_capacity)
 from pal_hpc.runtime.summary import Summary
@@ -58,6 +58,7 @@ class RankRun(Checkpointing, Summary):
         # x86 arithmetic on denormals is ~50x slower: it made the optimizer step the
         # learner's biggest cost.  Flush them to zero (FTZ/DAZ; values < 1.2e-38).
         torch.set_flush_denormal(True)
+        tighten_timer_slack()
         Algo = ALGOS[cfg.algo]
         probe = make_env(cfg.env, cfg.seed)
         obs_space, act_space = probe.observation_space, probe.action_space
@@ -163,8 +164,12 @@ class RankRun(Checkpointing, Summary):
                 # Idle: give the core to a rank that has work.  An Allreduce in flight
                 # moves only while its learners poll it, so they poll it often (at a
                 # 1 ms sleep, two learners' reduction of a 270 KB gradient took 5.5 ms).
-                time.sleep(REDUCING_SLEEP if self.learner is not None and self.learner.reducing
-                           else IDLE_SLEEP)
+                reducing = self.learner is not None and self.learner.reducing
+                t0 = time.perf_counter()
+                time.sleep(REDUCING_SLEEP if reducing else IDLE_SLEEP)
+                if self.learner is not None:
+                    self.learner.profile["sleep_reducing" if reducing else "sleep_idle"] += (
+                        time.perf_counter() - t0)
         return self._wind_down()
 
     def _checkpoint_pending(self) -> bool:
@@ -304,7 +309,10 @@ class RankRun(Checkpointing, Summary):
             final_eval[:] = returns.sum(), len(returns)
         # Every learner must hold the same parameters: compare digests.
         digest = self.learner.algo.digest() if self.learner is not None else ""
-        digests = [d for d in world.gather(digest, root=0) or [] if d]
+        mine = (digest, self._learner_profile())
+        gathered = world.gather(mine, root=0) or []
+        digests = [d for d, _ in gathered if d]
+        self.learner_profiles = [p for d, p in gathered if d]
         totals = np.zeros(S.SIZE)
         world.Reduce(self.stats.mine, totals, op=MPI.SUM, root=0)
         world.Reduce(final_eval.copy(), final_eval, op=MPI.SUM, root=0)
@@ -330,6 +338,19 @@ class RankRun(Checkpointing, Summary):
                            f"above); the newest checkpoint on disk is "
                            f"{world.bcast(self.last_good, root=0) or 'none'}")
         return summary
+
+    def _learner_profile(self) -> dict:
+        """This learner's wall time per update by part, in ms (the rest of the loop's
+        wall time as "loop_other"); {} on an actor."""
+        lrn = self.learner
+        if lrn is None or lrn.updates == 0:
+            return {}
+        wall = time.monotonic() - self.start
+        out = {k: 1e3 * v / lrn.updates for k, v in lrn.profile.items()}
+        out["loop_other"] = 1e3 * wall / lrn.updates - sum(out.values())
+        out["wall_per_update"] = 1e3 * wall / lrn.updates
+        return {k: round(v, 4) for k, v in out.items()}
+
 
 def train(cfg, topo) -> int:
     """Run the job on this rank; returns the job's exit status, the same on every rank:

@@ -68,13 +68,17 @@ class Summary:
             "exit_status": (1 if checkpoint is None else
                             signals.WORK_LEFT_EXIT if coord.work_left else 0),
             "evaluations": coord.evals,
+            # Each learner's wall ms per update by part (Learner.profile, the loop's
+            # sleeps, and the rest of its loop): where a learner's time goes.
+            "learner_profile": getattr(self, "learner_profiles", []),
         }
         if getattr(self.topo, "plan", None):    # --actors/--learners-per-node auto
             summary["plan"] = beside_run(self.topo.plan, summary)
         run_dir = Path(cfg.resolved_run_dir())
         _write_json(run_dir / "config.json", config_to_dict(cfg))
         _write_json(run_dir / "summary.json", summary)
-        short = {k: v for k, v in summary.items() if k not in ("evaluations", "plan")}
+        short = {k: v for k, v in summary.items()
+                 if k not in ("evaluations", "plan", "learner_profile")}
         print("summary: " + json.dumps(short), flush=True)
         return summary
 
