@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -47,3 +48,16 @@ def mpi_env(**extra: str) -> dict:
 def pal_cmd(nprocs: int, run_dir, *flags: str, fast: bool = True) -> list[str]:
     """`mpiexec -n N python -m mpi4py -m pal_hpc.main [FAST_FLAGS] --run-dir DIR flags`."""
     return pal_main(nprocs, *(FAST_FLAGS if fast else []), "--run-dir", str(run_dir), *flags)
+
+
+@pytest.fixture
+def cuda_device():
+    """The first GPU.  Without one the test skips -- or fails when a GPU was promised
+    (PAL_REQUIRE_GPU=1, bench/device_check.sh --require-gpu)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        if os.environ.get("PAL_REQUIRE_GPU") == "1":
+            pytest.fail("PAL_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
+        pytest.skip("needs a GPU")
+    return torch.device("cuda:0")
