@@ -45,7 +45,7 @@ ratio, SB3's fastest seed / our median, and the goal check for -n 4: at least 3x
 faster than SB3 by median and by the conservative ratio, with no more than 1.5x SB3's
 median env steps to the target.
 
-    python bench/bench_continuous.py [--seeds 5] [--nps 1,2,4] [--algos td3,sac] [--json OUT]
+    python bench/bench_continuous.py [--seeds 5] [--nps 1,2,4] [--algos td3,sac] [--pal-flags FLAGS] [--json OUT]
     python bench/bench_continuous.py --quick    # smoke run: 1 seed, -n 4, 20k steps
 """
 
@@ -81,7 +81,8 @@ def run_ours(algo: str, np_: int, seed: int, args, run_dir: Path) -> dict:
     cmd = pal_main(np_, "--algo", algo, "--env", args.env, "--seed", str(seed),
            "--total-steps", str(args.total_steps), "--target-return", str(args.target),
            "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
-           "--run-dir", str(run_dir), "--progress-every", "1000", *OURS_FLAGS[algo])
+           "--run-dir", str(run_dir), "--progress-every", "1000", *OURS_FLAGS[algo],
+           *args.pal_flags.split())
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=mpi_env(),
                          cwd=ROOT)
     summary = run_dir / "summary.json"
@@ -185,6 +186,8 @@ def main() -> int:
     ap.add_argument("--eval-episodes", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--no-peer", action="store_true", help="skip Stable-Baselines3")
+    ap.add_argument("--pal-flags", default="", metavar="'FLAGS'",
+                    help="extra flags for pal_hpc's runs, e.g. '--learners-per-node 2'")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 seed, -n 4 only, 20000 steps")
     ap.add_argument("--json", type=Path, help="also write every run's record to this file "

@@ -1,0 +1,83 @@
+"""Where one Stable-Baselines3 DQN update's time goes (the peer side of
+bench/profile_learner.py): runs in .venv-peers (never in the project's .venv).
+
+SB3's DQN with rl-baselines3-zoo's CartPole-v1 settings (as bench/peer_sb3.py) fills
+its replay for --fill env steps, then (a) times model.train(gradient_steps=128,
+batch_size=64) -- SB3's own update loop, the figure to compare -- and (b) replays the
+same loop's steps one by one with SB3's own objects to split it: replay sample,
+target forward (no grad), online forward + loss, backward, clip + Adam step; and the
+rollout collection per env step (train_freq 256 steps between trainings).  One torch
+thread, as pal_hpc's ranks.
+
+    .venv-peers/bin/python bench/profile_sb3.py [--fill 5000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from stable_baselines3 import DQN
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fill", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=5, help="train() calls of 128 steps")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64,
+                buffer_size=100_000, learning_starts=1000, gamma=0.99,
+                target_update_interval=10, train_freq=256, gradient_steps=128,
+                exploration_fraction=0.16, exploration_final_eps=0.04,
+                policy_kwargs={"net_arch": [256, 256]}, seed=0, device="cpu")
+    t0 = time.perf_counter()
+    model.learn(args.fill)
+    collect = (time.perf_counter() - t0) / args.fill      # includes its trainings
+    best = float("inf")
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        model.train(gradient_steps=128, batch_size=64)
+        best = min(best, (time.perf_counter() - t0) / 128)
+
+    parts = dict.fromkeys(("sample", "target_forward", "forward_loss", "backward",
+                           "clip_and_adam"), 0.0)
+    q_net, target, opt = model.q_net, model.q_net_target, model.policy.optimizer
+    n = 128 * args.rounds
+    for _ in range(n):
+        t = [time.perf_counter()]
+        data = model.replay_buffer.sample(64, env=model._vec_normalize_env)
+        t.append(time.perf_counter())
+        with torch.no_grad():
+            next_q = target(data.next_observations).max(dim=1).values.reshape(-1, 1)
+            target_q = data.rewards + (1 - data.dones) * model.gamma * next_q
+        t.append(time.perf_counter())
+        q = torch.gather(q_net(data.observations), 1, data.actions.long())
+        loss = F.smooth_l1_loss(q, target_q)
+        t.append(time.perf_counter())
+        opt.zero_grad()
+        loss.backward()
+        t.append(time.perf_counter())
+        torch.nn.utils.clip_grad_norm_(model.policy.parameters(), model.max_grad_norm)
+        opt.step()
+        t.append(time.perf_counter())
+        for k, a, b in zip(parts, t[:-1], t[1:]):
+            parts[k] += b - a
+    total = sum(parts.values())
+    print(f"SB3 DQN CartPole-v1 update (batch 64, [256, 256]), 1 thread")
+    print(f"  model.train(), per gradient step (best of {args.rounds} x 128): "
+          f"{best * 1e6:8.1f} us = {1 / best:,.0f} updates/s")
+    print(f"  its steps one by one ({n} updates):")
+    for k, v in parts.items():
+        print(f"    {k:<16} {v / n * 1e6:8.1f} us  {v / total:5.1%}")
+    print(f"    {'total':<16} {total / n * 1e6:8.1f} us")
+    print(f"  learn() wall per env step over the first {args.fill} (collection and its "
+          f"0.5 updates/env step): {collect * 1e6:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
