@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -61,3 +62,12 @@ def cuda_device():
             pytest.fail("PAL_REQUIRE_GPU=1 but torch.cuda.is_available() is False")
         pytest.skip("needs a GPU")
     return torch.device("cuda:0")
+
+
+def pal_summary(nprocs: int, run_dir, *flags: str, timeout: float = 300) -> dict:
+    """Run the real entry point (`pal_cmd`, FAST_FLAGS) to completion and return its
+    summary.json; fails the test on a non-zero exit, with the job's output."""
+    proc = subprocess.run(pal_cmd(nprocs, run_dir, *flags), env=mpi_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((Path(run_dir) / "summary.json").read_text())

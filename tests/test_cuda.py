@@ -1,18 +1,16 @@
 """What needs a GPU (marker `cuda`; each test skips without one, and fails without one
 under PAL_REQUIRE_GPU=1): device picking, the learners' gradients on CUDA (DQN against
-the CPU, bf16 against fp32), and a real 2-learner job with its learners on the GPU.  bench/device_check.sh runs them first."""
+the CPU, bf16 against fp32), and a real 2-learner job with its learners on the GPU.
+bench/device_check.sh runs them first."""
 
 from __future__ import annotations
-
-import json
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
 from algo_checks import make_split_algo, make_split_batch
-from conftest import mpi_env, pal_cmd
+from conftest import pal_summary
 from pal_hpc.cluster.topology import pick_device
 
 pytestmark = pytest.mark.cuda
@@ -59,11 +57,7 @@ def test_cuda_gradients_match_the_reference(cuda_device, name, precision):
 
 
 def test_cuda_learners_train_and_stay_identical(cuda_device, tmp_path):
-    run_dir = tmp_path / "run"
-    cmd = pal_cmd(3, run_dir, "--learners-per-node", "2", "--device", "cuda",
-                  "--total-steps", "2500")
-    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = pal_summary(3, tmp_path / "run", "--learners-per-node", "2", "--device", "cuda",
+                          "--total-steps", "2500")
     assert summary["learners"] == 2 and summary["updates"] > 0
     assert summary["learner_params_identical"]

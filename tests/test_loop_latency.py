@@ -4,11 +4,10 @@ and the per-learner profile (wall ms per update by part) the summary records."""
 from __future__ import annotations
 
 import ctypes
-import json
 import subprocess
 import sys
 
-from conftest import mpi_env, pal_cmd
+from conftest import pal_summary
 
 PR_GET_TIMERSLACK = 30
 
@@ -24,12 +23,8 @@ def test_tighten_timer_slack_sets_the_slack():
 
 
 def test_summary_profiles_every_learner(tmp_path):
-    run_dir = tmp_path / "run"
-    cmd = pal_cmd(3, run_dir, "--learners-per-node", "2", "--total-steps", "2500",
-                  "--algo", "dqn")
-    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = pal_summary(3, tmp_path / "run", "--learners-per-node", "2",
+                          "--total-steps", "2500", "--algo", "dqn")
     profiles = summary["learner_profile"]
     assert len(profiles) == 2 and summary["updates"] > 0
     for p in profiles:
