@@ -340,14 +340,16 @@ class RankRun(Checkpointing, Summary):
         return summary
 
     def _learner_profile(self) -> dict:
-        """This learner's wall time per update by part, in ms (the rest of the loop's
-        wall time as "loop_other"); {} on an actor."""
+        """This learner's wall time per update by part, in ms; {} on an actor.  "reduce"
+        runs from an Allreduce's post to its completion, so it holds "sleep_reducing"
+        (and the rank's other work meanwhile); "loop_other" is the rest of the wall."""
         lrn = self.learner
         if lrn is None or lrn.updates == 0:
             return {}
         wall = time.monotonic() - self.start
         out = {k: 1e3 * v / lrn.updates for k, v in lrn.profile.items()}
-        out["loop_other"] = 1e3 * wall / lrn.updates - sum(out.values())
+        out["loop_other"] = (1e3 * wall / lrn.updates - sum(out.values())
+                             + out["sleep_reducing"])
         out["wall_per_update"] = 1e3 * wall / lrn.updates
         return {k: round(v, 4) for k, v in out.items()}
 
