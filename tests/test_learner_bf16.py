@@ -55,8 +55,9 @@ def test_bf16_gradients_point_where_fp32_ones_do(name):
         for phase in fp32.phases(u):
             g32 = np.zeros(fp32.phase_size(phase), np.float32)
             g16 = np.zeros_like(g32)
-            _, p32 = fp32.compute_gradients(phase, batch, g32)
-            _, p16 = bf16.compute_gradients(phase, batch, g16)
+            m32, p32 = fp32.compute_gradients(phase, batch, g32, metrics=True)
+            m16, p16 = bf16.compute_gradients(phase, batch, g16, metrics=True)
+            assert set(m16) == set(m32) and all(np.isfinite(v) for v in m16.values())
             assert np.linalg.norm(g32) > 0 and np.isfinite(g16).all()
             assert cosine(g32, g16) > 0.98, (name, phase, cosine(g32, g16))
             assert not np.array_equal(g32, g16)          # bf16 did run

@@ -18,6 +18,7 @@ from pal_hpc.plan import (TIE, Layout, Prediction, Rates, all_splits, candidate_
                           default_split, fair_share, layout_from_table, make_plan,
                           others_from_share,
                           predict, recommend, split_from_checkpoint, sync_time)
+from pal_hpc.plan.model import update_time
 
 from conftest import ROOT, mpi_env, pal_cmd
 
@@ -33,6 +34,24 @@ def close(x, y, rel=1e-6):
 
 
 # -- the model ------------------------------------------------------------------------
+
+def test_split_batch_shortens_the_update_and_shares_the_samples():
+    # u(rows) = 1 ms at 64 rows, 0.6 ms at 32 (the fixed part does not split): with the
+    # split batch 2 learners take 0.6 ms + r per update and, at the same replay ratio,
+    # sample 64 rows per update between them (k = 2 env steps per update, not 4).
+    rates = Rates(actor_step_s=1e-5, update_s=1e-3, sync_s=((2, 1e-4),),
+                  update_by_rows=((32, 6e-4), (64, 1e-3)))
+    assert close(update_time(rates, 48), 8e-4) and close(update_time(rates, 16), 6e-4)
+    one = predict(one_node(4, 8), (1,), rates, B, RATIO, split=True)
+    two = predict(one_node(4, 8), (2,), rates, B, RATIO, split=True)
+    assert close(one.updates_per_s, 1000) and close(two.updates_per_s, 1 / 7e-4)
+    assert close(two.env_steps_per_s, 2 * two.updates_per_s)
+    full = predict(one_node(4, 8), (2,), rates, B, RATIO)          # the old behaviour
+    assert close(full.updates_per_s, 1 / 1.1e-3) and close(full.env_steps_per_s,
+                                                             4 * full.updates_per_s)
+    plan = make_plan(one_node(4, 8), rates, B, RATIO, split=True)
+    assert plan["inputs"]["learner_batch"] == "split" and plan["learners"] >= 2
+
 
 def test_learners_bound_on_free_cores():
     rates = Rates(actor_step_s=1e-5, update_s=1e-3)

@@ -278,7 +278,7 @@ class DQN(Algorithm):
         stats: dict[str, float] = {}
         if metrics:
             # One device->host transfer for the three numbers (one sync on a GPU).
-            values = torch.stack([loss.detach(), q_all.detach().mean(), td_abs.mean()]).tolist()
+            values = torch.stack([loss.detach(), q_all.detach().float().mean(), td_abs.mean()]).tolist()
             stats = dict(zip(("loss", "q_mean", "td_abs_mean"), values))
         return loss, stats, td_abs.cpu().numpy().astype(np.float64)
 

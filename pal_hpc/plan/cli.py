@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     measured.sync_s = measure_sync_here(sync_counts(layout, splits), measured.gradient_floats)
     plan = make_plan(layout, measured.rates(), cfg.batch_size, cfg.replay_ratio,
-                     cfg.actors_per_node, cfg.learners_per_node)
+                     cfg.actors_per_node, cfg.learners_per_node,
+                     split=cfg.learner_batch == "split")
     plan["inputs"].update(details(measured), envs_per_actor=cfg.envs_per_actor)
     plan["source"] = "measured"
     if ns.json:

@@ -64,10 +64,12 @@ class Measured:
     device: str
     measure_s: float
     sync_s: dict[int, float] = field(default_factory=dict)
+    update_by_rows: dict[int, float] = field(default_factory=dict)   # u at each share
 
     def rates(self) -> Rates:
         return Rates(self.actor_step_s, self.update_s, self.phases_per_update,
-                     tuple(sorted(self.sync_s.items())), self.wake_s / self.sleep_s)
+                     tuple(sorted(self.sync_s.items())), self.wake_s / self.sleep_s,
+                     tuple(sorted(self.update_by_rows.items())))
 
 
 def _time_calls(fn, budget_s: float, target_block_s: float = 0.01, multiple: int = 1,
@@ -192,12 +194,12 @@ def measure_rates(cfg, budget_s: float = 3.0, max_replay_bytes: int = 64 << 20) 
         phase_lists = [learner.phases(i) for i in range(8)]
         send = np.zeros(max(learner.phase_size(p) for ps in phase_lists for p in ps),
                         np.float32)
-        count = [0]
+        count, rows = [0], [cfg.batch_size]
 
         def update():
             i = count[0]
             count[0] += 1
-            batch = replay.sample(cfg.batch_size, beta=cfg.per_beta, rng=rng)
+            batch = replay.sample(rows[0], beta=cfg.per_beta, rng=rng)
             for phase in learner.phases(i):
                 n = learner.phase_size(phase)
                 _, prio = learner.compute_gradients(phase, batch, out=send[:n],
@@ -210,6 +212,15 @@ def measure_rates(cfg, budget_s: float = 3.0, max_replay_bytes: int = 64 << 20) 
         update_cpu, update_wall = _time_calls(update, 1.2 * share, multiple=10,
                                               sync=cuda_sync)
         update_s = update_wall if device.type == "cuda" else update_cpu
+        # With the split batch a learner's update is on its share: u at the shares of
+        # 2, 4 and 8 learners too (the planner interpolates between them).
+        by_rows = {cfg.batch_size: update_s}
+        if cfg.learner_batch == "split":
+            for n in (2, 4, 8):
+                rows[0] = -(-cfg.batch_size // n)
+                if rows[0] not in by_rows:
+                    cpu, wall = _time_calls(update, 0.3 * share, multiple=10, sync=cuda_sync)
+                    by_rows[rows[0]] = wall if device.type == "cuda" else cpu
     finally:
         if actor is not None:
             actor.close()
@@ -220,6 +231,7 @@ def measure_rates(cfg, budget_s: float = 3.0, max_replay_bytes: int = 64 << 20) 
         # One loop iteration per actor step (of envs_per_actor envs), one per phase.
         actor_step_s=actor_step_s + loop_s / cfg.envs_per_actor,
         update_s=update_s + phases * loop_s, phases_per_update=phases,
+        update_by_rows={r: t + phases * loop_s for r, t in by_rows.items()},
         gradient_floats=int(send.size), env_step_s=env_step_s, forward_s=forward_s,
         insert_s=insert_s, loop_s=loop_s, wake_s=wake_s, sleep_s=sleep_s,
         cpu_share=min(1.0, (actor_step_s / actor_wall + update_cpu / update_wall) / 2),
@@ -342,6 +354,6 @@ def measure_sync_here(counts: list[int], floats: int, timeout: float = 120.0) ->
 def details(m: Measured) -> dict:
     """The measurements that are not model inputs, for the record."""
     d = asdict(m)
-    for key in ("actor_step_s", "update_s", "phases_per_update", "sync_s"):
+    for key in ("actor_step_s", "update_s", "phases_per_update", "sync_s", "update_by_rows"):
         d.pop(key)
     return d

@@ -8,6 +8,11 @@ on each node, learners and actors both held to it) ties node n's env steps to U:
 
     S_n = U * k_n,   k_n = L_n * batch / ratio          (env steps per update on node n)
 
+With the split batch (--learner-batch split, the runtime's default) the L learners
+share one `batch` instead: a learner's update costs u(ceil(batch / L)), measured at the
+shares of 1, 2, 4 and 8 learners and interpolated in rows, and k_n = L_n * batch /
+(L * ratio).  `predict(..., split=True)`; without it, the `full` behaviour above.
+
 A rank needs, per update, d CPU-seconds and z seconds asleep in the Allreduce:
 
     learner:  d = u,              z = P * r(L)      every learner does every update
@@ -72,6 +77,9 @@ class Rates:
     phases_per_update: float = 1.0          # P: Allreduces per update
     sync_s: tuple[tuple[int, float], ...] = ()   # (L, r(L)): seconds per phase's Allreduce
     idle_cpu: float = 0.0                   # w: cores a sleeping rank uses waking up
+    # (rows, u(rows)): a learner's seconds per update on a share of `rows` transitions
+    # (--learner-batch split); interpolated in rows, update_s where nothing was measured.
+    update_by_rows: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,10 +141,26 @@ def sync_time(sync_s: tuple[tuple[int, float], ...], learners: int) -> float:
     return s0 * math.log2(learners) / math.log2(n0)
 
 
+def update_time(rates: Rates, rows: int) -> float:
+    """u(rows): a learner's seconds per update on `rows` transitions, linear in rows
+    between the measured shares (clamped at the ends); `update_s` without them."""
+    points = sorted(rates.update_by_rows)
+    if not points:
+        return rates.update_s
+    if rows <= points[0][0]:
+        return points[0][1]
+    for (r0, u0), (r1, u1) in zip(points, points[1:]):
+        if r0 <= rows <= r1:
+            return u0 + (rows - r0) / (r1 - r0) * (u1 - u0)
+    return points[-1][1] * rows / points[-1][0]
+
+
 def predict(layout: Layout, learners: tuple[int, ...], rates: Rates, batch_size: int,
-            replay_ratio: float) -> Prediction:
+            replay_ratio: float, split: bool = False) -> Prediction:
     """Env steps/s, updates/s and the bottleneck of the job with `learners[i]` learner
-    ranks on node i (1-rank nodes: 1, solo) -- the model of the module docstring."""
+    ranks on node i (1-rank nodes: 1, solo) -- the model of the module docstring.
+    `split` (--learner-batch split): an update is one `batch_size` shared by the L
+    learners, so each costs u(ceil(batch / L)) and node n samples L_n / L of the batch."""
     if len(learners) != len(layout.sizes):
         raise ValueError(f"{len(learners)} learner counts for {len(layout.sizes)} nodes")
     a, u = rates.actor_step_s, rates.update_s
@@ -147,8 +171,12 @@ def predict(layout: Layout, learners: tuple[int, ...], rates: Rates, batch_size:
         if size == 1 and n_learners != 1 or size > 1 and not 1 <= n_learners < size:
             raise ValueError(f"a node of {size} ranks cannot have {n_learners} learners")
         actors.append(1 if size == 1 else size - n_learners)
-    k = [n * batch_size / replay_ratio for n in learners]
     total_learners = sum(learners)
+    if split:
+        u = update_time(rates, -(-batch_size // total_learners))
+        k = [n * batch_size / (total_learners * replay_ratio) for n in learners]
+    else:
+        k = [n * batch_size / replay_ratio for n in learners]
     sync = rates.phases_per_update * sync_time(rates.sync_s, total_learners)
     # Rank groups: (host, ranks, CPU-seconds per update of each, sleep per update, kind).
     groups = []
@@ -311,15 +339,15 @@ def _n(count: int, noun: str) -> str:
 
 def make_plan(layout: Layout, rates: Rates, batch_size: int, replay_ratio: float,
               actors_per_node: float | str = AUTO, learners_per_node: float | str = AUTO,
-              forced: tuple[int, ...] | None = None) -> dict:
+              forced: tuple[int, ...] | None = None, split: bool = False) -> dict:
     """The plan as plain JSON: every split's prediction, the recommended one (or
     `forced`, a split kept from a checkpoint), the default split's, and the inputs."""
     splits = all_splits(layout, actors_per_node, learners_per_node)
-    table = [predict(layout, s, rates, batch_size, replay_ratio) for s in splits]
+    table = [predict(layout, s, rates, batch_size, replay_ratio, split) for s in splits]
     chosen = recommend(table)
     if forced is not None:
-        chosen = predict(layout, forced, rates, batch_size, replay_ratio)
-    default = predict(layout, default_split(layout), rates, batch_size, replay_ratio)
+        chosen = predict(layout, forced, rates, batch_size, replay_ratio, split)
+    default = predict(layout, default_split(layout), rates, batch_size, replay_ratio, split)
 
     def row(p: Prediction) -> dict:
         return {"split": split_by_size(layout, p), "learners": p.total_learners,
@@ -334,6 +362,8 @@ def make_plan(layout: Layout, rates: Rates, batch_size: int, replay_ratio: float
                        "sync_s": {str(n): s for n, s in rates.sync_s},
                        "idle_cpu": rates.idle_cpu,
                        "batch_size": batch_size, "replay_ratio": replay_ratio,
+                       "learner_batch": "split" if split else "full",
+                       "update_by_rows": {str(r): t for r, t in rates.update_by_rows},
                        "node_sizes": list(layout.sizes), "node_hosts": list(layout.hosts),
                        "host_cores": list(layout.cores),
                        "host_others": list(layout.others or (0.0,) * len(layout.cores))}}

@@ -124,7 +124,8 @@ def plan_at_startup(world, cfg) -> dict | None:
             for h, c in enumerate(layout.cores)))
         plan = make_plan(layout, measured.rates(), cfg.batch_size, cfg.replay_ratio,
                          cfg.actors_per_node, cfg.learners_per_node,
-                         forced=kept[0] if kept else None)
+                         forced=kept[0] if kept else None,
+                         split=cfg.learner_batch == "split")
         plan["inputs"].update(details(measured), envs_per_actor=cfg.envs_per_actor)
         plan["source"] = f"checkpoint {kept[1]}" if kept else "measured"
         print(f"pal_hpc: plan: {plan['describe']}"
