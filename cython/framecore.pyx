@@ -14,14 +14,8 @@ from libc.stdint cimport int64_t, int32_t, uint64_t, uint32_t, uint8_t, uintptr_
 
 cnp.import_array()
 
-cdef extern from "ksum_core.h" nogil:
-    ctypedef struct kst_layout:
-        uint64_t nbytes
-    ctypedef struct kst_tree:
-        float *leaves
-    int kst_compute_layout(uint64_t capacity, uint32_t fanout, kst_layout *lay)
-    void kst_bind(kst_tree *t, void *base, const kst_layout *lay)
-    int kst_check_header(const void *base, const kst_layout *lay)
+from ksum_core cimport (
+    kst_layout, kst_tree, kst_compute_layout, kst_bind, kst_check_header)
 
 cdef extern from "frames_core.h" nogil:
     ctypedef struct fs_buf:

@@ -13,16 +13,9 @@ from libc.math cimport pow, isfinite
 
 cnp.import_array()
 
-cdef extern from "ksum_core.h" nogil:
-    ctypedef struct kst_layout:
-        uint64_t nbytes
-    ctypedef struct kst_tree:
-        float *leaves
-    int kst_compute_layout(uint64_t capacity, uint32_t fanout, kst_layout *lay)
-    void kst_bind(kst_tree *t, void *base, const kst_layout *lay)
-    int kst_check_header(const void *base, const kst_layout *lay)
-    double kst_total(const kst_tree *t)
-    void kst_find_many(const kst_tree *t, const double *masses, int64_t *out, int64_t n)
+from ksum_core cimport (
+    kst_layout, kst_tree, kst_compute_layout, kst_bind, kst_check_header, kst_total,
+    kst_find_many)
 
 cdef extern from "sync_core.h" nogil:
     void sy_lock(uint64_t *lock)
