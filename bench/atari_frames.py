@@ -57,22 +57,26 @@ def transition_rows(t):
     return (t // EPISODE) * (EPISODE + 1) + t % EPISODE, t % EPISODE
 
 
-def stacks(pong, t, out=None):
-    """(obs, next_obs, done) of transitions `t`: two (n, STACK, H, W) uint8 stacks,
-    oldest frame first, and done = the transition ends its episode.  `out`: an
-    (obs, next_obs) pair of arrays to fill instead of allocating."""
-    rows, pos = transition_rows(t)
+def row_stacks(pong, rows, out=None):
+    """The (n, STACK, H, W) stacks of observation rows `rows` (oldest frame first,
+    padded with the episode's first frame); `out`: an array to fill instead."""
+    rows = np.asarray(rows, np.int64)
+    pos = rows % (EPISODE + 1)
     back = np.arange(STACK - 1, -1, -1)                       # 3, 2, 1, 0
-    obs_rows = rows[:, None] - np.minimum(back[None, :], pos[:, None])
-    next_rows = rows[:, None] + 1 - np.minimum(back[None, :], pos[:, None] + 1)
-    n = rows.size
+    src = rows[:, None] - np.minimum(back[None, :], pos[:, None])
     if out is None:
-        out = (np.empty((n, STACK) + pong.shape[1:], pong.dtype),
-               np.empty((n, STACK) + pong.shape[1:], pong.dtype))
-    obs, nxt = out[0][:n], out[1][:n]
-    np.take(pong, obs_rows % len(pong), axis=0, out=obs)
-    np.take(pong, next_rows % len(pong), axis=0, out=nxt)
-    return obs, nxt, pos == EPISODE - 1
+        out = np.empty((rows.size, STACK) + pong.shape[1:], pong.dtype)
+    return np.take(pong, src % len(pong), axis=0, out=out[:rows.size])
+
+
+def stacks(pong, t, out=None):
+    """(obs, next_obs, done) of transitions `t`: two (n, STACK, H, W) uint8 stacks and
+    done = the transition ends its episode.  `out`: an (obs, next_obs) pair of
+    arrays to fill instead of allocating."""
+    rows, pos = transition_rows(t)
+    out = out or (None, None)
+    return (row_stacks(pong, rows, out[0]), row_stacks(pong, rows + 1, out[1]),
+            pos == EPISODE - 1)
 
 
 def chunks(capacity, size=500):
