@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, mpi_env, pal_cmd
 from pal_hpc.envs import make_env, obs_info
 from pal_hpc.io import checkpoint as ckpt
-from pal_hpc.replay import SharedReplay
+from pal_hpc.replay import FrameStackReplay, SharedReplay
 from pal_hpc.runtime.nstep import transition_spec
 from pal_hpc.runtime.preflight import available_memory
 
@@ -192,11 +192,13 @@ def test_an_unusable_run_dir_is_refused_at_start_up(tmp_path, case):
 
 
 def test_a_replay_larger_than_memory_is_refused_before_allocating(tmp_path):
-    """Fault 5: ALE/Pong-v5 at the default capacity asked for ~20 GB on a 23 GB machine."""
+    """Fault 5: ALE/Pong-v5 at the default capacity asked for ~20 GB on a 23 GB machine.
+    Twice what fits, sized as the run lays it out: each frame stored once (DQN's Atari
+    defaults, n-step 3), so a size computed for whole transitions would now fit."""
     env = make_env("ALE/Pong-v5", 0)            # the preprocessed frames the replay stores
-    spec = transition_spec(*obs_info(env))
+    spec = transition_spec(*obs_info(env), frame_stack=True)
     env.close()
-    per = SharedReplay.window_nbytes(spec, 1000) / 1000
+    per = FrameStackReplay.window_nbytes(spec, 1000, n_step=3) / 1000
     capacity = int(2 * available_memory()[0] / per)
     t0 = time.monotonic()
     proc = run(pal_cmd(2, tmp_path / "run", "--env", "ALE/Pong-v5", "--replay-capacity",
