@@ -416,6 +416,12 @@ def config_from_dict(d: dict[str, Any]) -> Config:
             values.setdefault(name, value)
         for name, value in getattr(Algo, "atari_defaults", {}).items():
             algo_values.setdefault(name, value)
+    field = getattr(Algo, "preset_field", None)
+    if field:
+        # A named set of option values, under the flags the user gave.
+        preset = algo_values.get(field, getattr(Algo.Config, field))
+        for name, value in Algo.presets.get(preset, {}).items():
+            algo_values.setdefault(name, value)
     for name, value in getattr(Algo, "run_defaults", {}).items():
         values.setdefault(name, value)
     return Config(**values, algo_config=Algo.Config(**algo_values))

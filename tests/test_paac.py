@@ -23,7 +23,7 @@ from pal_hpc.algos import ALGOS, PAAC
 from pal_hpc.algos.optim import FlatRMSProp
 from pal_hpc.algos.paac import PAACConfig, nstep_returns, resolve_num_envs
 from pal_hpc.cluster.launch import pal_main
-from pal_hpc.config import ConfigError
+from pal_hpc.config import ConfigError, config_from_dict, config_to_dict, load_config
 from pal_hpc.io.metrics import read_run_metrics
 
 GAMMA = 0.9
@@ -129,7 +129,7 @@ def reference_loss(algo: PAAC, batch) -> torch.Tensor:
             terms.append(-logp[batch["action"][t, i]] * adv
                          + cfg.value_coef * (rets[t] - values[t, i]) ** 2
                          - cfg.entropy * entropy)
-    return torch.stack(terms).mean()
+    return cfg.loss_scale * torch.stack(terms).mean()
 
 
 def test_gradient_matches_a_reference_loss():
@@ -252,10 +252,31 @@ def test_state_round_trip_continues_identically():
 
 # ---- network and optimizer options --------------------------------------------------------
 
+def test_defaults_are_the_released_codes_loss():
+    """loss = 5.0 * (actor mean + critic mean), critic 0.25 (R - V)^2 (Alfredvc/paac)."""
+    acfg = load_config(["--algo", "paac"]).algo_config
+    assert acfg.paac_preset == "paper" and acfg.loss_scale == 5.0 and acfg.value_coef == 0.25
+    assert (acfg.lr, acfg.rms_style, acfg.rms_eps, acfg.grad_clip, acfg.entropy) == \
+        (0.0224, "tf", 0.1, 3.0, 0.02)
+
+
+def test_a2c_preset_sets_its_values_and_a_flag_wins():
+    acfg = load_config(["--algo", "paac", "--paac-preset", "a2c", "--lr", "7e-4"]).algo_config
+    assert (acfg.rms_style, acfg.rms_eps, acfg.grad_clip, acfg.entropy, acfg.value_coef,
+            acfg.loss_scale, acfg.init) == ("torch", 1e-5, 0.5, 0.01, 0.25, 1.0, "orthogonal")
+    assert acfg.lr == 7e-4                     # the flag, not the preset's 1e-3
+    # A saved config (resume reads it back) keeps what the run used.
+    again = config_from_dict(config_to_dict(load_config(["--algo", "paac", "--paac-preset",
+                                                         "a2c", "--lr", "7e-4"])))
+    assert again.algo_config == acfg
+    with pytest.raises(ConfigError, match="paac_preset"):    # from a --config file
+        config_from_dict({"algo": "paac", "paac_preset": "zoo"}).validate()
+
+
 def test_loss_scale_scales_the_gradient_before_the_clip():
     rng = np.random.default_rng(10)
     batch = rollout(rng, dones=[(1, 2, "term")])
-    base = grad_of(make(seed=4), batch)
+    base = grad_of(make(seed=4, loss_scale=1.0), batch)
     np.testing.assert_allclose(grad_of(make(seed=4, loss_scale=3.0), batch), 3.0 * base,
                                rtol=1e-5, atol=1e-7)
 

@@ -57,12 +57,25 @@ CLIP_CHOICES = ("auto", "on", "off")
 RMS_STYLES = ("tf", "torch")
 INITS = ("default", "orthogonal")
 PRECISIONS = ("fp32", "bf16")
+# --paac-preset a2c: A2C's optimizer settings (torch RMSprop as SB3's and OpenAI
+# baselines' A2C use it, orthogonal init), the settings that learned Pong here before the
+# released code's loss scale was verified (docs/results/paac-pong-n4-10Mframes*.png).
+# Each value yields to a flag given for the same field.
+PRESETS = {"paper": {},
+           "a2c": {"rms_style": "torch", "rms_eps": 1e-5, "lr": 1e-3, "grad_clip": 0.5,
+                   "entropy": 0.01, "value_coef": 0.25, "loss_scale": 1.0,
+                   "init": "orthogonal"}}
 
 
 @dataclass
 class PAACConfig(AlgoConfig):
     """PAAC's hyper-parameters: the paper's (released code's) values unless noted."""
 
+    paac_preset: str = _f("paper", "paper = the released code's settings (the defaults "
+                                   "below); a2c = A2C's optimizer settings: "
+                                   + ", ".join(f"{k} {v}" for k, v in PRESETS["a2c"].items())
+                                   + ".  A flag given for one of these fields wins over "
+                                   "the preset", choices=tuple(PRESETS))
     t_max: int = _f(5, "environment steps per round: each update learns from t_max steps "
                        "of every environment, with n-step returns bootstrapped from "
                        "V(s_{t+t_max})")
@@ -84,15 +97,18 @@ class PAACConfig(AlgoConfig):
                               "square root); torch = torch.optim.RMSprop's, which SB3's A2C "
                               "uses (mean square starts at 0, epsilon added to the root)",
                         choices=RMS_STYLES)
-    loss_scale: float = _f(1.0, "multiply the loss (so the gradient, before the clip) by "
-                                "this.  With --rms-style tf and its large epsilon the step "
-                                "is then nearly lr x scale x gradient: PAAC's code scales its "
-                                "mean loss by t_max for that reason")
+    loss_scale: float = _f(5.0, "multiply the loss (so the gradient, before the clip) by "
+                                "this: the released code's 5.0 (networks.py), which restores "
+                                "the scale its learning rate was tuned for when the loss "
+                                "summed over the t_max = 5 steps instead of averaging.  With "
+                                "--rms-style tf and its large epsilon the step is nearly "
+                                "lr x scale x gradient")
     grad_clip: float = _f(3.0, "global gradient-norm clip (the released code's 3.0; the "
                                "paper says 40; 0 = no clipping)")
     entropy: float = _f(0.02, "entropy bonus coefficient beta (the released code's 0.02; "
                               "the paper says 0.01)")
-    value_coef: float = _f(0.5, "weight of the critic's squared-error loss")
+    value_coef: float = _f(0.25, "weight of the critic's squared-error loss (the released "
+                                 "code's 0.25 (R - V)^2, policy_v_network.py)")
     clip_rewards: str = _f("auto", "clip rewards to [-1, 1] in the loss (episode returns "
                                    "are reported unclipped): auto = on image (Atari) "
                                    "observations only", choices=CLIP_CHOICES)
@@ -131,6 +147,7 @@ class PAACConfig(AlgoConfig):
     def validate(self) -> None:
         super().validate()
         req = self.require
+        req("paac_preset", self.paac_preset in PRESETS, f"must be one of {', '.join(PRESETS)}")
         req("t_max", self.t_max >= 1, "must be >= 1")
         req("num_envs", self.num_envs >= 0, "must be >= 0 (0 = auto)")
         req("lr", self.lr > 0, "must be > 0")
@@ -273,6 +290,10 @@ class PAAC(Algorithm):
                     "advantage_abs_mean", "grad_norm", "lr")
     # Evaluations are run by the master and hold up every node: less often than DQN's.
     run_defaults = {"eval_every": 10_000}
+    # Named sets of option values (config_from_dict applies the chosen one under the
+    # flags a user gave): the field that chooses, and the sets.
+    preset_field = "paac_preset"
+    presets = PRESETS
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space,
                  config: PAACConfig | None = None, *, device: str | torch.device = "cpu",
