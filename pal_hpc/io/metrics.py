@@ -33,6 +33,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from pal_hpc.io.attrs import attr_value, clean_text, decode_attr
 from pal_hpc.io.schema import STREAMS
 
 CHUNK_ROWS = 1024
@@ -43,37 +44,6 @@ _SEGMENT = re.compile(r"metrics(?:\.(\d+))?\.h5")     # metrics.h5, metrics.1.h5
 # "latest" HDF5 2.x writes object versions those tools cannot read.  The high bound
 # leaves every newer feature allowed.
 LIBVER = ("v110", "latest")
-
-
-def _attr_value(key: str, value: Any) -> Any:
-    """What a root attribute stores for `value`: scalars as is, containers as JSON."""
-    if value is None:
-        return ""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value)
-    raise TypeError(f"metrics attribute {key!r}: cannot store a {type(value).__name__}")
-
-
-def _decode_attr(value: Any) -> Any:
-    """Inverse of `_attr_value`: JSON containers back to dicts/lists, numpy to Python."""
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if isinstance(value, str):
-        if value[:1] in ("{", "["):
-            try:
-                return json.loads(value)
-            except ValueError:
-                return value
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return value
 
 
 class MetricsLog:
@@ -91,7 +61,8 @@ class MetricsLog:
         self.streams = dict(streams or STREAMS)
         self.flush_every = float(flush_every)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        stored = {key: _attr_value(key, value) for key, value in attrs.items()}
+        # Checked before the file is touched: a value HDF5 cannot store is named.
+        stored = {key: attr_value(key, value) for key, value in attrs.items()}
         # A resumed run continues the log it started (same streams, rows appended).
         reopen = append_existing and self.path.exists()
         self._file = h5py.File(self.path, "r+" if reopen else "w", libver=LIBVER)
@@ -109,7 +80,11 @@ class MetricsLog:
                                                     chunks=(CHUNK_ROWS,), dtype=dtype)
                     for name, dtype in self.streams.items()}
             for key, value in stored.items():
-                self._file.attrs[key] = value
+                try:
+                    self._file.attrs[key] = value
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise ValueError(f"metrics attribute {key!r}: HDF5 cannot store "
+                                     f"{value!r:.80}: {exc}") from exc
             # From here on no new objects or attributes may be created: only appends.
             self._file.swmr_mode = True
         except BaseException:
@@ -271,7 +246,7 @@ def _reason(exc: BaseException) -> str:
 def _read_open(f: h5py.File) -> dict:
     if not any(name in f for name in STREAMS):
         raise ValueError(f"not a metrics log (none of {', '.join(STREAMS)})")
-    out: dict[str, Any] = {"attrs": {k: _decode_attr(v) for k, v in f.attrs.items()}}
+    out: dict[str, Any] = {"attrs": {k: decode_attr(v) for k, v in f.attrs.items()}}
     for name, dtype in STREAMS.items():
         ds = f.get(name)
         if ds is None:
@@ -339,7 +314,8 @@ def open_run_log(run_dir: str | Path, attrs: dict, resume: bool,
     new = run_dir / f"metrics.{index}.h5"
     warnings.warn(f"metrics log {last} cannot be appended to ({reason}); it is kept as "
                   f"it is and the log continues in {new.name}", stacklevel=2)
-    return MetricsLog(new, {**attrs, "continues": last.name, "continues_because": reason},
+    return MetricsLog(new, {**attrs, "continues": last.name,
+                            "continues_because": clean_text(reason)},
                       flush_every, streams=streams)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import h5py
 
+from pal_hpc.io.attrs import clean_text
+
 VERSIONED_PACKAGES = ("numpy", "torch", "gymnasium", "h5py", "mpi4py")
 
 
@@ -39,13 +41,16 @@ def _versions() -> dict[str, str]:
 
 
 def run_attributes(cfg_dict: dict, layout: dict, hosts: list, mpi_library: str) -> dict:
-    """The root attributes the runtime gives `MetricsLog`: what ran, where, with what."""
+    """The root attributes the runtime gives `MetricsLog`: what ran, where, with what.
+
+    The text that comes from outside (the MPI library's version string, which ends in
+    a NUL under Open MPI; host names; git's output) is cleaned to what HDF5 stores."""
     return {
         "config": cfg_dict,
         "versions": _versions(),
-        "mpi_library": mpi_library,
+        "mpi_library": clean_text(mpi_library),
         "layout": layout,
-        "hosts": hosts,
+        "hosts": [clean_text(str(host)) for host in hosts],
         "start_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git_commit(),
+        "git_commit": clean_text(_git_commit()),
     }
