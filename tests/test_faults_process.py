@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, mpi_env, mpiexec, pal_cmd
+from conftest import ROOT, VENDOR, mpi_env, mpiexec, pal_cmd, rank_processes
 from pal_hpc.runtime import lifeline
 from pal_hpc.runtime.signals import WORK_LEFT_EXIT
 
@@ -33,15 +33,6 @@ def run(cmd, timeout=90, **extra_env):
         pytest.fail(f"{' '.join(map(str, cmd))} hung for {timeout}s:\n{exc.stderr or ''}")
 
 
-def children(pid: int) -> list[int]:
-    """Direct children of `pid`, from /proc."""
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [int(k) for k in kids]
-
-
 def alive(pid: int) -> bool:
     """Running (a zombie waiting for init to reap it counts as gone)."""
     try:
@@ -51,22 +42,14 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 def ranks_of(mpiexec_pid: int, n: int, timeout: float = 60) -> tuple[int, list[int]]:
-    """(hydra_pmi_proxy pid, the rank pids it started) once all `n` ranks are up."""
+    """(the ranks' parent: hydra_pmi_proxy, or Open MPI's mpiexec, and the rank pids)
+    once all `n` ranks are up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        proxies = [p for p in children(mpiexec_pid) if comm(p) == "hydra_pmi_proxy"]
-        if proxies:
-            ranks = children(proxies[0])
-            if len(ranks) == n:
-                return proxies[0], ranks
+        parent, ranks = rank_processes(mpiexec_pid)
+        if len(ranks) == n:
+            return parent, ranks
         time.sleep(0.05)
     raise AssertionError("the ranks did not start")
 
@@ -137,13 +120,15 @@ def test_unknown_flag_prints_usage_once_and_exits_2(tmp_path):
 
 def test_one_sigint_to_mpiexec_checkpoints_and_exits_work_left(tmp_path):
     """hydra's mpiexec forwards a first SIGINT to every rank: like SIGTERM (checkpoint,
-    then exit 75 since the step budget is far from used up)."""
+    then exit 75 since the step budget is far from used up).  Open MPI's kills the
+    ranks on SIGINT (see the next test); its SIGUSR1 is the forwarded one."""
     run_dir = tmp_path / "run"
     proc = start(pal_cmd(2, run_dir, *LONG))
     lines: list[str] = []
+    sig = signal.SIGUSR1 if VENDOR == "openmpi" else signal.SIGINT
     try:
         wait_for_training(proc, lines)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=90)
     finally:
         kill_all(proc)
@@ -152,13 +137,34 @@ def test_one_sigint_to_mpiexec_checkpoints_and_exits_work_left(tmp_path):
     assert "Abort" not in out + err, out + err          # a clean stop, not MPI_Abort
     assert list((run_dir / "checkpoints").glob("*.h5")), list(run_dir.rglob("*"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert "SIGINT" in summary["stop_reason"], summary["stop_reason"]
+    assert sig.name in summary["stop_reason"], summary["stop_reason"]
     assert summary["work_left"] is True and summary["exit_status"] == 75, summary
 
 
+@pytest.mark.skipif(VENDOR != "openmpi", reason="Open MPI's launcher's own behaviour")
+def test_sigint_or_sigterm_to_open_mpis_mpiexec_ends_the_job_at_once(tmp_path):
+    """Open MPI's mpiexec answers SIGINT and SIGTERM by killing the ranks itself (no
+    checkpoint is possible): the job still ends promptly, nonzero, no rank left."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = start(pal_cmd(2, tmp_path / sig.name, *LONG))
+        ranks: list[int] = []
+        try:
+            wait_for_training(proc, [])
+            _, ranks = ranks_of(proc.pid, 2)
+            proc.send_signal(sig)
+            proc.communicate(timeout=30)
+            deadline = time.monotonic() + 10
+            while any(alive(p) for p in ranks) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            kill_all(proc, ranks)
+        assert proc.returncode not in (0, WORK_LEFT_EXIT), (sig, proc.returncode)
+        assert not [p for p in ranks if alive(p)], sig
+
+
 def test_second_sigint_to_a_rank_stops_at_once_in_one_line():
-    """A rank that gets SIGINT twice (not through hydra, which would kill the ranks itself
-    on a second Ctrl-C) aborts the job with 130 and no traceback."""
+    """A rank that gets SIGINT twice (not through the launcher, which would kill the
+    ranks itself on a second Ctrl-C) aborts the job with 130 and no traceback."""
     script = ("import os, signal, time; from pal_hpc.runtime import signals; "
               "signals.install(); from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "
               "r = MPI.COMM_WORLD.Get_rank(); "
@@ -196,14 +202,20 @@ def test_abort_leaves_no_shared_memory_files(tmp_path):
     finally:
         kill_all(proc, ranks)
     assert proc.returncode == 1                      # the injected fault's abort
-    assert mapped, "never saw the ranks' MPICH segment"
+    assert mapped, "never saw the ranks' intranode segment"
     assert not [p for p in mapped if os.path.exists(p)]
+
+
+# The MPI library's own intranode files: MPICH's (unlinked by runtime.lifeline), Open
+# MPI's btl/sm segments (removed by its launcher when the job ends).
+SEGMENTS = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")
 
 
 def _shm_maps(pid: int) -> list[str]:
     with open(f"/proc/{pid}/maps") as fh:
         return [ln.split(maxsplit=5)[5].strip() for ln in fh
-                if len(ln.split(maxsplit=5)) == 6 and "/dev/shm/mpich_shm_" in ln]
+                if len(ln.split(maxsplit=5)) == 6
+                and ln.split(maxsplit=5)[5].startswith(SEGMENTS)]
 
 
 def test_mapped_segments_skips_deleted_and_other_files(tmp_path):
@@ -221,8 +233,8 @@ def test_mapped_segments_skips_deleted_and_other_files(tmp_path):
 # -- item 18: the launcher dies under the ranks -----------------------------------------
 
 def test_ranks_die_with_their_launcher(tmp_path):
-    """SIGKILL hydra_pmi_proxy (as an OOM killer might): every rank is gone within 10 s
-    and mpiexec returns."""
+    """SIGKILL the ranks' parent (hydra_pmi_proxy, or Open MPI's mpiexec), as an OOM
+    killer might: every rank is gone within 10 s and mpiexec returns."""
     proc = start(pal_cmd(2, tmp_path / "run", *LONG))
     ranks: list[int] = []
     try:

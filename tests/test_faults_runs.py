@@ -13,7 +13,7 @@ import time
 import h5py
 import pytest
 
-from conftest import ROOT, mpi_env, pal_cmd
+from conftest import ROOT, STOP_SIGNAL, mpi_env, pal_cmd
 from pal_hpc.envs import make_env, obs_info
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.replay import FrameStackReplay, SharedReplay
@@ -88,10 +88,10 @@ def test_a_second_job_on_a_run_dir_in_use_is_refused(tmp_path):
         b = run(pal_cmd(2, run_dir, "--total-steps", "3000", "--resume", "auto"), timeout=60)
         rejected(b, f"run_dir: {run_dir} is in use by another job (pid ", "--run-dir")
         assert a.poll() is None                 # A goes on
-        a.terminate()                           # SIGTERM: checkpoint, exit 75 (work left)
+        a.send_signal(STOP_SIGNAL)              # checkpoint, exit 75 (work left)
         out, err = a.communicate(timeout=120)
         assert a.returncode == 75, err
-        assert "SIGTERM" in summary(run_dir)["stop_reason"]
+        assert STOP_SIGNAL.name in summary(run_dir)["stop_reason"]
     finally:
         a.kill()
         a.wait()

@@ -7,7 +7,6 @@ bit-identical masters, SIGTERM + exact resume, bad flags, `python -m pal_hpc.ana
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, mpi_env
+from conftest import ROOT, STOP_SIGNAL, mpi_env
 from pal_hpc.algos import ALGOS, PAAC
 from pal_hpc.algos.optim import FlatRMSProp
 from pal_hpc.algos.paac import PAACConfig, nstep_returns, resolve_num_envs
@@ -464,11 +463,11 @@ def test_sigterm_checkpoints_and_resume_is_exact(tmp_path):
             if time.monotonic() > deadline or "updates" in line and \
                     int(line.split("updates")[1].split()[0].replace(",", "")) > 20:
                 break
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(STOP_SIGNAL)             # SIGTERM; SIGUSR1 under Open MPI
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 75, out + err
     first = summary(run_dir)
-    assert "SIGTERM" in first["stop_reason"] and first["work_left"]
+    assert STOP_SIGNAL.name in first["stop_reason"] and first["work_left"]
     with h5py.File(first["checkpoint"], "r") as f:
         saved = f.attrs["params_digest"]
         assert f.attrs["updates"] == first["updates"] > 20

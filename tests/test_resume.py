@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import ROOT, mpi_env, pal_cmd
+from conftest import ROOT, STOP_SIGNAL, mpi_env, pal_cmd, rank_processes
 from pal_hpc.io.checkpoint import list_checkpoints
 from pal_hpc.io.metrics import read_run_metrics
 
@@ -31,7 +31,8 @@ def run(cmd, timeout=180):
 
 
 def preempted_run(run_dir):
-    """Start a long run, SIGTERM the launcher once training is under way."""
+    """Start a long run, signal the launcher once training is under way (SIGTERM;
+    SIGUSR1 under Open MPI, whose mpiexec kills the ranks on SIGTERM)."""
     proc = subprocess.Popen(main_cmd(4, run_dir, "--total-steps", "10000000"), cwd=ROOT,
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -40,7 +41,7 @@ def preempted_run(run_dir):
         lines.append(line)
         if sum("updates" in ln for ln in lines) >= 2 or time.monotonic() > deadline:
             break
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(STOP_SIGNAL)
     out, err = proc.communicate(timeout=120)
     return proc.returncode, "".join(lines) + out, err
 
@@ -50,7 +51,7 @@ def test_sigterm_checkpoints_then_resume_carries_on(tmp_path):
     code, out, err = preempted_run(run_dir)
     assert code == 75, out + err
     first = summary(run_dir)
-    assert "SIGTERM" in first["stop_reason"]
+    assert STOP_SIGNAL.name in first["stop_reason"]
     assert first["work_left"] is True and first["exit_status"] == 75
     ckpt_path = first["checkpoint"]
     with h5py.File(ckpt_path, "r") as f:
@@ -147,13 +148,6 @@ def test_a_signal_means_work_left_only_while_the_budget_is_not_done(steps, wall_
     assert ("exit status 75" in coord.stop_reason) is work_left, coord.stop_reason
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(k) for k in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-    except OSError:
-        return []
-
-
 def test_sigterm_twice_to_every_rank_is_one_checkpoint_and_exit_75(tmp_path):
     """Under SLURM a rank may get SIGTERM twice (slurmd signals every process of the step,
     and a launcher may pass it on): still one checkpoint, one summary, exit 75."""
@@ -167,7 +161,7 @@ def test_sigterm_twice_to_every_rank_is_one_checkpoint_and_exit_75(tmp_path):
             lines.append(line)
             if "updates" in line or time.monotonic() > deadline:
                 break
-        ranks = [r for p in _children(proc.pid) for r in _children(p)]
+        _, ranks = rank_processes(proc.pid)
         assert len(ranks) == 2, ranks
         for gap in (0.0, 0.3):                   # the second lands while they wind down
             time.sleep(gap)
