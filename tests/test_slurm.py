@@ -63,14 +63,15 @@ class Job:
     """One submitted batch job: its id, run directory and output file."""
 
     def __init__(self, cluster: SlurmCluster, tmp_path: Path, script: str, *sbatch_opts: str,
-                 args: tuple[str, ...] = (), fast: bool = True):
+                 args: tuple[str, ...] = (), fast: bool = True, env: dict | None = None):
         self.cluster = cluster
         self.run_dir = tmp_path / "run"
         self.out_pattern = tmp_path / "slurm-%j.out"
         self.id = cluster.sbatch(f"--output={self.out_pattern}",
                                  f"--ntasks-per-node={RANKS}", *sbatch_opts,
                                  f"jobs/{script}", *(FAST_FLAGS if fast else []), *args,
-                                 cwd=ROOT, env=cluster.env(PAL_RUN_DIR=str(self.run_dir)))
+                                 cwd=ROOT, env=cluster.env(PAL_RUN_DIR=str(self.run_dir),
+                                                           **(env or {})))
 
     @property
     def output(self) -> str:
@@ -148,6 +149,22 @@ def test_single_node_short_run_completes(cluster, tmp_path):
     assert summary["learner_params_identical"], summary
     assert "exit status 0: done; not requeueing" in out, out
     assert (job.run_dir / "config.json").exists()
+
+
+# -- 1b: the ranks started by srun instead of the venv's mpiexec ----------------------
+
+def test_single_node_run_under_srun_pmi2(cluster, tmp_path):
+    """PAL_LAUNCHER=srun: SLURM starts the ranks itself (`srun --mpi=pmi2`; the MPICH
+    wheel speaks PMI), they form one job and finish it."""
+    job = Job(cluster, tmp_path, "single_node.sbatch", args=("--total-steps", "2000"),
+              env={"PAL_LAUNCHER": "srun", "PAL_SRUN_MPI": "pmi2"})
+    info = job.wait_final(timeout=240)
+    out = job.output
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, out)
+    summary = job.summary()
+    assert summary["ranks"] == RANKS and summary["env_steps"] >= 2000, summary
+    assert summary["learner_params_identical"] and summary["exit_status"] == 0, summary
+    assert "exit status 0: done; not requeueing" in out, out
 
 
 # -- 2 -------------------------------------------------------------------------------
@@ -286,6 +303,23 @@ def test_gpu_script_is_accepted_and_fails_clearly_without_cuda(cluster, tmp_path
 
 
 # -- the script's decisions that need no SLURM ------------------------------------
+
+def test_launch_script_refuses_an_unknown_launcher_and_names_the_venvs_mpi():
+    """jobs/launch.sh: PAL_LAUNCHER other than srun/mpiexec fails with status 2, naming
+    it, before anything starts; its vendor check agrees with pal_hpc's."""
+    from pal_hpc.cluster.launch import launcher_vendor
+
+    script = "source jobs/launch.sh; pal_launch true"
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PAL_LAUNCHER": "ssh",
+                                           "SLURM_NTASKS": "2"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "PAL_LAUNCHER=ssh: expected srun or mpiexec" in proc.stderr, proc.stderr
+    proc = subprocess.run(["bash", "-c", "source jobs/launch.sh; pal_mpi_vendor "
+                           ".venv/bin/mpiexec"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.strip() == launcher_vendor(ROOT / ".venv" / "bin" / "mpiexec")
+
 
 @pytest.mark.parametrize("status, summary, max_restarts, want_status, want_text", [
     (0, None, "50", 0, "exit status 0: done; not requeueing"),

@@ -1,0 +1,76 @@
+# Sourced by jobs/*.sbatch (from the submit directory): start the job's ranks with the
+# launcher that PAL_LAUNCHER names.
+#
+#   PAL_LAUNCHER=mpiexec  (default) the venv's mpiexec, or PAL_MPIEXEC (the cluster's,
+#                         say): hydra for the pinned MPICH wheel (and Intel MPI's),
+#                         prterun for Open MPI's; this script adds the flags each needs
+#                         to place SLURM_NTASKS ranks, SLURM_NTASKS_PER_NODE a node.
+#   PAL_LAUNCHER=srun     SLURM starts the ranks itself (`srun --mpi=PAL_SRUN_MPI`, e.g.
+#                         pmix or pmi2; unset: the cluster's MpiDefault).  Needs an MPI
+#                         that speaks that PMI: usually the cluster's own, with mpi4py
+#                         built against it (README, "Running under another MPI").
+#
+# Signals: SLURM's `--signal=TERM@120` and `scancel -s TERM` reach the processes of job
+# steps.  Under srun the ranks are the step's processes.  hydra starts its proxies with
+# srun, so the ranks get the signal too.  Open MPI's mpiexec starts the ranks of its own
+# node itself, outside any step, and answers a SIGTERM of its own by killing the ranks:
+# with it, ask SLURM for `--signal=B:USR1@120`, which this script passes on to mpiexec
+# (Open MPI forwards SIGUSR1 to every rank; pal_hpc treats it as SIGTERM).
+
+# pal_mpi_vendor MPIEXEC: mpich, openmpi, impi or unknown, from `MPIEXEC --version`
+# (as pal_hpc.cluster.launch.mpi_vendor tells them apart).
+pal_mpi_vendor() {
+    local text
+    text=$("$1" --version 2>&1 || true)
+    case "${text,,}" in
+        *"intel(r) mpi"* | *"intel mpi"*) echo impi ;;
+        *"open mpi"* | *prrte*) echo openmpi ;;
+        *mpich* | *hydra*) echo mpich ;;
+        *) echo unknown ;;
+    esac
+}
+
+# pal_launch COMMAND...: run COMMAND as the job's SLURM_NTASKS ranks; returns the
+# launcher's exit status.  SIGUSR1 or SIGTERM to the batch shell is passed on to the
+# launcher (see above).
+pal_launch() {
+    local launcher=${PAL_LAUNCHER:-mpiexec} mpiexec=${PAL_MPIEXEC:-.venv/bin/mpiexec}
+    local ntasks=${SLURM_NTASKS:?not in a SLURM job} ppn=${SLURM_NTASKS_PER_NODE:-}
+    local -a cmd
+    case "$launcher" in
+        srun)
+            cmd=(srun --kill-on-bad-exit=1 ${PAL_SRUN_MPI:+--mpi="${PAL_SRUN_MPI}"}
+                 -n "$ntasks" "$@") ;;
+        mpiexec)
+            case "$(pal_mpi_vendor "$mpiexec")" in
+                openmpi)
+                    cmd=("$mpiexec" -n "$ntasks" --bind-to none)
+                    [ -n "$ppn" ] && cmd+=(--map-by "ppr:${ppn%%(*}:node")
+                    [ "$(id -u)" = 0 ] && cmd+=(--allow-run-as-root)
+                    cmd+=("$@") ;;
+                *)          # hydra: one node as it finds it, several as listed
+                    cmd=("$mpiexec")
+                    if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
+                        cmd+=(-hosts "$(scontrol show hostnames "${SLURM_JOB_NODELIST}" |
+                                        paste -sd, -)" -ppn "${ppn%%(*}")
+                    fi
+                    cmd+=(-n "$ntasks" "$@") ;;
+            esac ;;
+        *)
+            echo "pal_hpc: PAL_LAUNCHER=${launcher}: expected srun or mpiexec" >&2
+            return 2 ;;
+    esac
+    local signal_to=TERM
+    [ "$launcher" = mpiexec ] && [ "$(pal_mpi_vendor "$mpiexec")" = openmpi ] && signal_to=USR1
+    "${cmd[@]}" &
+    local pid=$! status=0
+    # shellcheck disable=SC2064  # expand now: the pid and signal of this launch
+    trap "kill -${signal_to} ${pid} 2>/dev/null" TERM USR1
+    # `wait` returns early (status > 128) when a trapped signal arrives: wait again.
+    while :; do
+        wait "$pid" && status=0 || status=$?
+        kill -0 "$pid" 2>/dev/null || break
+    done
+    trap - TERM USR1
+    return "$status"
+}
