@@ -207,8 +207,9 @@ def test_abort_leaves_no_shared_memory_files(tmp_path):
 
 
 # The MPI library's own intranode files: MPICH's (unlinked by runtime.lifeline), Open
-# MPI's btl/sm segments (removed by its launcher when the job ends).
-SEGMENTS = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")
+# MPI's btl/sm segments (removed by its launcher when the job ends), Intel MPI's
+# (unlinked by itself once mapped).
+SEGMENTS = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.", "/dev/shm/Intel_MPI_")
 
 
 def _shm_maps(pid: int) -> list[str]:
