@@ -25,9 +25,9 @@ Hyperparameters.
     paper: its defaults, the paper's (released code's): t_max 5, 33 environments at
     -n 4 (32 rounded up to a multiple of the 3 worker ranks), RMSProp lr 0.0224
     annealed linearly to 0 over --total-steps, TensorFlow-style with decay 0.99 and eps
-    0.1, global gradient-norm clip 3.0, entropy 0.02, value_coef 0.5, gamma 0.99, a
-    shared ReLU MLP torso [64, 64] with policy and value heads; no reward clipping
-    (vector observations).
+    0.1, global gradient-norm clip 3.0, entropy 0.02, loss x 5 with value_coef 0.25 (the
+    released code's), gamma 0.99, a shared ReLU MLP torso [64, 64] with policy and
+    value heads; no reward clipping (vector observations).
     zoo: the same hyperparameters as the SB3 peer, as PAAC flags (ZOO_FLAGS): 9
     environments (8 rounded up to the 3 worker ranks), lr 7e-4 constant, torch-style
     RMSprop eps 1e-5, clip 0.5, entropy 0, separate tanh MLPs [64, 64] for policy and
@@ -74,7 +74,7 @@ GOAL_NP = 4
 # SB3 A2C's CartPole hyperparameters (bench/peer_sb3_a2c.py) as PAAC flags; --num-envs is
 # 8 rounded up to a multiple of the worker ranks at -n 4 (see run_ours).
 ZOO_FLAGS = ["--lr", "7e-4", "--no-lr-anneal", "--rms-style", "torch", "--rms-eps", "1e-5",
-             "--grad-clip", "0.5", "--entropy", "0", "--value-coef", "0.5",
+             "--grad-clip", "0.5", "--entropy", "0", "--value-coef", "0.5", "--loss-scale", "1",
              "--activation", "tanh", "--no-shared-torso", "--init", "orthogonal"]
 ZOO_ENVS = 8
 PAAC_ENVS = 32
