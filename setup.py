@@ -6,12 +6,36 @@ pal_hpc.envs._lockstep).
 Compiler flags are portable by default (safe on any x86-64 CI runner);
 set PAL_NATIVE_ARCH=1 to add -march=native for a build that only runs here.
 Set PAL_NO_OPENMP=1 to build without OpenMP.
+`python -m build` makes the sdist (sources listed in MANIFEST.in) and the wheel.
 """
 import os
+import tempfile
 
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+NO_COMPILER = ("pal_hpc needs a C compiler (gcc/cc; set CC to choose one) to build its native "
+               "core, and {cc!r} could not compile a one-line C file: {err}")
+
+
+class build_ext_checked(build_ext):
+    """build_ext that first compiles a one-line C file, so a missing compiler ends the
+    build with a message saying so instead of a bare "command 'gcc' failed"."""
+
+    def build_extensions(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = os.path.join(tmp, "probe.c")
+            with open(probe, "w") as f:
+                f.write("int pal_probe(void) { return 0; }\n")
+            try:
+                self.compiler.compile([probe], output_dir=tmp)
+            except Exception as err:  # CompileError, or the executable missing
+                cc = (getattr(self.compiler, "compiler_so", None) or ["cc"])[0]
+                raise SystemExit("error: " + NO_COMPILER.format(cc=cc, err=err)) from None
+        super().build_extensions()
+
 
 compile_args = ["-O3", "-fno-math-errno", "-Wno-unused-function"]
 link_args = []
@@ -85,5 +109,6 @@ setup(
         compiler_directives={"language_level": "3"},
         include_path=["cython"],
     ),
+    cmdclass={"build_ext": build_ext_checked},
     zip_safe=False,
 )
