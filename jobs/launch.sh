@@ -32,7 +32,8 @@ pal_mpi_vendor() {
 
 # pal_launch COMMAND...: run COMMAND as the job's SLURM_NTASKS ranks; returns the
 # launcher's exit status.  SIGUSR1 or SIGTERM to the batch shell is passed on to the
-# launcher (see above).
+# launcher (see above); after a SIGTERM, PAL_CANCELLED=1 tells pal_run_and_requeue that
+# the job was cancelled.
 pal_launch() {
     local launcher=${PAL_LAUNCHER:-mpiexec} mpiexec=${PAL_MPIEXEC:-.venv/bin/mpiexec}
     local ntasks=${SLURM_NTASKS:?not in a SLURM job} ppn=${SLURM_NTASKS_PER_NODE:-}
@@ -65,7 +66,12 @@ pal_launch() {
     "${cmd[@]}" &
     local pid=$! status=0
     # shellcheck disable=SC2064  # expand now: the pid and signal of this launch
-    trap "kill -${signal_to} ${pid} 2>/dev/null" TERM USR1
+    trap "kill -${signal_to} ${pid} 2>/dev/null" USR1
+    # SIGTERM reaches the batch shell only when the job itself is cancelled or killed
+    # (`scancel` without -s, the end of the time limit): the ranks still get to
+    # checkpoint, but pal_run_and_requeue must not bring the job back.
+    # shellcheck disable=SC2064
+    trap "PAL_CANCELLED=1; kill -${signal_to} ${pid} 2>/dev/null" TERM
     # `wait` returns early (status > 128) when a trapped signal arrives: wait again.
     while :; do
         wait "$pid" && status=0 || status=$?

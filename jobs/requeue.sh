@@ -7,7 +7,8 @@
 # `scontrol requeue`: the job keeps its id and run directory, SLURM_RESTART_COUNT goes
 # up by one, and `--resume auto` continues from the newest checkpoint.  Exit 0 (budget
 # done) and any other status (an error) end the job for good, as do more than
-# PAL_MAX_RESTARTS restarts.
+# PAL_MAX_RESTARTS restarts, and so does a cancelled job (SIGTERM to the batch script:
+# `scancel` without -s), whatever its ranks' status.
 #
 # hydra's mpiexec ORs the ranks' exit statuses (75 | 1 == 75 | 2 == 75), so 75 counts
 # only when this attempt's summary.json also says exit_status 75.
@@ -39,6 +40,11 @@ pal_run_and_requeue() {
         status=1
     fi
     rm -f "$stamp"
+    if [ "${PAL_CANCELLED:-0}" = 1 ]; then        # set by pal_launch (jobs/launch.sh)
+        echo "pal_hpc: the job was cancelled (SIGTERM to the batch script); exit status" \
+            "${status}; not requeueing"
+        return "$status"
+    fi
     if [ "$status" != "$WORK_LEFT_EXIT" ]; then
         echo "pal_hpc: exit status ${status}: $([ "$status" = 0 ] && echo done ||
             echo failed); not requeueing"
