@@ -99,8 +99,10 @@ setup(
     packages=find_packages(include=["pal_hpc", "pal_hpc.*"]),
     python_requires=">=3.10",
     install_requires=["numpy", "mpi4py", "torch", "gymnasium", "h5py"],
-    # pal_hpc.integrations: pins in requirements-sb3.txt / requirements-torchrl.txt.
+    # pal_hpc.integrations: pins in requirements-sb3.txt / requirements-torchrl.txt;
+    # --tensorboard: requirements-tensorboard.txt.
     extras_require={
+        "tensorboard": ["tensorboard>=2.21,<3"],
         "sb3": ["stable-baselines3>=2.9,<3"],
         "torchrl": ["torchrl>=0.14.1,<0.15", "tensordict>=0.14.3,<0.15"],
     },

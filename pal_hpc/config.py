@@ -123,6 +123,10 @@ class Config:
     # Runtime.
     torch_threads: int = _f(1, "torch intra-op threads per rank")
     progress_every: float = _f(5.0, "seconds between progress lines")
+    tensorboard: bool = _f(False, "rank 0 also writes TensorBoard event files of the "
+                                  "metrics log's streams (episodes, learner, evaluation, "
+                                  "system) into <run_dir>/tensorboard; the HDF5 log stays "
+                                  "the record (needs the tensorboard package)")
 
     # Checkpoints and resume.
     resume: str = _f("", "resume from 'latest' (the newest valid checkpoint in run_dir), "

@@ -138,12 +138,17 @@ def delete_earlier_run(run_dir: str | Path) -> None:
     (run_dir / "checkpoints").mkdir()
 
 
-def claim_run_dir(run_dir: str | Path, resume: str, overwrite: bool) -> RunDirLock:
+def claim_run_dir(run_dir: str | Path, resume: str, overwrite: bool,
+                  tensorboard: bool = False) -> RunDirLock:
     """Check, lock and (with `overwrite`) clear `run_dir` for a job; returns the held lock.
 
     A fresh start (no `resume`) into a directory holding an earlier run is refused: it
-    would truncate that run's log, prune its checkpoints and mix the two runs."""
+    would truncate that run's log, prune its checkpoints and mix the two runs.  With
+    `tensorboard`, `<run_dir>/tensorboard` must be writable too (pal_hpc.io.tensorboard)."""
     run_dir = check_writable(run_dir)
+    if tensorboard:
+        from pal_hpc.io.tensorboard import check_tensorboard_dir
+        check_tensorboard_dir(run_dir)
     lock = RunDirLock(run_dir)
     lock.acquire()
     try:

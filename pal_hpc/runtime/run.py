@@ -25,6 +25,7 @@ from pal_hpc.cluster.topology import pick_device
 from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.io.rundir import claim_run_dir
+from pal_hpc.io.tensorboard import open_mirror
 from pal_hpc.io.schema import streams_for
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
@@ -52,7 +53,7 @@ class RankRun(Checkpointing, Summary):
         # Before anything is allocated: the run directory is writable, not another
         # run's, and this job's alone (rank 0 holds its lock until the process ends).
         self.run_dir_lock = on_rank0(self.world, lambda: claim_run_dir(
-            cfg.resolved_run_dir(), cfg.resume, cfg.overwrite))
+            cfg.resolved_run_dir(), cfg.resume, cfg.overwrite, cfg.tensorboard))
         torch.set_num_threads(cfg.torch_threads)
         # Adam's second moments of small gradients decay into float32 denormals, and
         # x86 arithmetic on denormals is ~50x slower: it made the optimizer step the
@@ -140,6 +141,7 @@ class RankRun(Checkpointing, Summary):
                           self.learner.updates if self.learner is not None else 0)
         if self.world.Get_rank() == 0:
             self.telemetry.log = self._open_log()
+            self.telemetry.mirror = open_mirror(self.cfg, time.monotonic() - self.start)
             self.coord = Coordinator(self.cfg, self.start, self.restored.get("evals"),
                                      self.telemetry)
             self._announce()

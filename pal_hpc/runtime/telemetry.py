@@ -47,6 +47,9 @@ class Telemetry:
         self._last_write = time.monotonic()
         self.dropped_rows = 0
         self.broken_log = None
+        # Rank 0 with --tensorboard: a TensorBoardMirror that gets every block of rows
+        # the moment it goes into the HDF5 log (pal_hpc.io.tensorboard).
+        self.mirror = None
 
     # Rows reach the HDF5 file only in `_write_log`: all held rows appended, then one
     # flush, right after a check that the disk has room.  HDF5 cannot recover a file
@@ -93,15 +96,31 @@ class Telemetry:
         try:
             for name, held in self._held.items():
                 if held:
-                    self.log.append(name, np.concatenate(held) if len(held) > 1 else held[0])
+                    rows = np.concatenate(held) if len(held) > 1 else held[0]
+                    self.log.append(name, rows)
                     held.clear()
+                    self._mirror("write", name, rows)
             self.log.flush()
+            self._mirror("flush")
         except (OSError, RuntimeError) as exc:
             # A race with the space check, or an I/O error: drop the log, never touch
             # (nor close) it again; the rows flushed before stay readable.
             print(f"pal_hpc: error: metrics log {self.log.path} cannot be written ({exc}); "
                   f"training goes on without it", file=sys.stderr, flush=True)
             self.broken_log, self.log = self.log, None
+
+    def _mirror(self, method: str, *args) -> None:
+        """Pass a call on to the TensorBoard mirror; one that fails is reported and
+        dropped (the HDF5 log is the record: training goes on)."""
+        if self.mirror is None:
+            return
+        try:
+            getattr(self.mirror, method)(*args)
+        except Exception as exc:
+            print(f"pal_hpc: error: tensorboard event files in {self.mirror.log_dir} cannot "
+                  f"be written ({exc}); training goes on without them",
+                  file=sys.stderr, flush=True)
+            self.mirror = None
 
     def write_now(self, stream: str, records: np.ndarray) -> None:
         """Rank 0: add rows to the log straight away (the summary's final evaluation)."""
@@ -125,6 +144,8 @@ class Telemetry:
             else:
                 self.broken_log = self.log
             self.log = None
+        self._mirror("close")
+        self.mirror = None
         lost = self.dropped_rows + sum(len(a) for h in self._held.values() for a in h)
         if lost:
             print(f"pal_hpc: error: {lost} metrics rows could not be written (disk full)",
