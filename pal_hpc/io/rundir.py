@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pal_hpc.config import ConfigError
@@ -88,6 +89,13 @@ def _read_holder(fd: int) -> str:
         return "holder unknown"
 
 
+def probe_write(directory: Path) -> None:
+    """Create and remove a file in `directory`; OSError if it cannot be written."""
+    probe = directory / f".write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
 def check_writable(run_dir: str | Path) -> Path:
     """Create `run_dir` (and `checkpoints/`) if needed and prove it can be written.
 
@@ -105,9 +113,7 @@ def check_writable(run_dir: str | Path) -> Path:
     try:
         ckpts.mkdir(parents=True, exist_ok=True)
         for d in (run_dir, ckpts):
-            probe = d / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            probe_write(d)
     except OSError as exc:
         raise ConfigError(f"run_dir: {run_dir} cannot be written ({exc.strerror or exc}); "
                           f"give a writable --run-dir") from None
@@ -139,19 +145,19 @@ def delete_earlier_run(run_dir: str | Path) -> None:
 
 
 def claim_run_dir(run_dir: str | Path, resume: str, overwrite: bool,
-                  tensorboard: bool = False) -> RunDirLock:
+                  check: Callable[[Path], object] | None = None) -> RunDirLock:
     """Check, lock and (with `overwrite`) clear `run_dir` for a job; returns the held lock.
 
     A fresh start (no `resume`) into a directory holding an earlier run is refused: it
-    would truncate that run's log, prune its checkpoints and mix the two runs.  With
-    `tensorboard`, `<run_dir>/tensorboard` must be writable too (pal_hpc.io.tensorboard)."""
+    would truncate that run's log, prune its checkpoints and mix the two runs.  `check`
+    (run_dir), if given, is what else the run needs there (--tensorboard's directory:
+    pal_hpc.io.tensorboard.check_tensorboard_dir); it raises ConfigError to refuse."""
     run_dir = check_writable(run_dir)
-    if tensorboard:
-        from pal_hpc.io.tensorboard import check_tensorboard_dir
-        check_tensorboard_dir(run_dir)
     lock = RunDirLock(run_dir)
     lock.acquire()
     try:
+        if check is not None:
+            check(run_dir)
         left = earlier_run(run_dir)
         if left and not resume:
             if not overwrite:

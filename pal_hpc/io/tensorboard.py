@@ -28,12 +28,12 @@ Importing this module imports no tensorboard; only `TensorBoardMirror` does.
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
+from pal_hpc.io.rundir import probe_write
 from pal_hpc.options import ConfigError
 
 SUBDIR = "tensorboard"
@@ -53,9 +53,7 @@ def check_tensorboard_dir(run_dir: str | Path) -> Path:
                           f"directory of that name; move it away or drop --tensorboard")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_write(path)
     except OSError as exc:
         raise ConfigError(f"tensorboard: {path} cannot be written ({exc.strerror or exc}); "
                           f"give a writable --run-dir or drop --tensorboard") from None

@@ -25,7 +25,7 @@ from pal_hpc.cluster.topology import pick_device
 from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.io.rundir import claim_run_dir
-from pal_hpc.io.tensorboard import open_mirror
+from pal_hpc.io.tensorboard import check_tensorboard_dir, open_mirror
 from pal_hpc.io.schema import streams_for
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
@@ -53,7 +53,8 @@ class RankRun(Checkpointing, Summary):
         # Before anything is allocated: the run directory is writable, not another
         # run's, and this job's alone (rank 0 holds its lock until the process ends).
         self.run_dir_lock = on_rank0(self.world, lambda: claim_run_dir(
-            cfg.resolved_run_dir(), cfg.resume, cfg.overwrite, cfg.tensorboard))
+            cfg.resolved_run_dir(), cfg.resume, cfg.overwrite,
+            check_tensorboard_dir if cfg.tensorboard else None))
         torch.set_num_threads(cfg.torch_threads)
         # Adam's second moments of small gradients decay into float32 denormals, and
         # x86 arithmetic on denormals is ~50x slower: it made the optimizer step the

@@ -19,7 +19,7 @@ from pal_hpc.config import ConfigError
 from pal_hpc.envs import LockstepVectorEnv, make_env
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.io.rundir import claim_run_dir
-from pal_hpc.io.tensorboard import open_mirror
+from pal_hpc.io.tensorboard import check_tensorboard_dir, open_mirror
 from pal_hpc.io.schema import streams_for
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
@@ -60,7 +60,8 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
         self.node_index = topo.me.node
         self.is_master = self.node.Get_rank() == 0
         self.run_dir_lock = on_rank0(world, lambda: claim_run_dir(
-            cfg.resolved_run_dir(), cfg.resume, cfg.overwrite, cfg.tensorboard))
+            cfg.resolved_run_dir(), cfg.resume, cfg.overwrite,
+            check_tensorboard_dir if cfg.tensorboard else None))
         torch.set_num_threads(cfg.torch_threads)
         torch.set_flush_denormal(True)
         Algo = self.algo_class = ALGOS[cfg.algo]
