@@ -28,6 +28,7 @@ from pal_hpc.options import ConfigError, option
 
 DEVICES = ("auto", "cpu", "cuda")
 LEARNER_BATCHES = ("split", "full")
+SCHEDULES = ("async", "sync")
 MAX_FANOUT = 4096  # the native KSumTree's limit
 MAX_SEED = 2**32 - 1
 # Above this, actors could only insert about one transition per million samples: the
@@ -120,6 +121,18 @@ class Config:
     fanout: int = _f(16, "children per sum-tree node: a power of two in [2, 4096] "
                          "(16 float32 = one 64-byte cache line)")
 
+    # Schedule (off-policy algorithms).
+    schedule: str = _f("async", "async: actors and learners run free under the rate limit; "
+                                "sync: fixed rounds (every actor takes round_steps env steps "
+                                "with the round's weights, the node's replay takes them in "
+                                "actor order, the learners take round_updates updates, the "
+                                "weights are published): one seed and layout, one result, "
+                                "bit for bit", choices=SCHEDULES)
+    round_steps: int = _f(100, "schedule sync: env steps each actor rank takes per round, "
+                               "summed over its envs (a multiple of envs_per_actor)")
+    round_updates: int = _f(1, "schedule sync: learner updates per round (each of "
+                               "batch_size rows)")
+
     # Runtime.
     torch_threads: int = _f(1, "torch intra-op threads per rank")
     progress_every: float = _f(5.0, "seconds between progress lines")
@@ -164,6 +177,7 @@ class Config:
         _check_choice("algo", self.algo, tuple(algorithms()))
         _check_choice("device", self.device, DEVICES)
         _check_choice("learner_batch", self.learner_batch, LEARNER_BATCHES)
+        _check_choice("schedule", self.schedule, SCHEDULES)
         _check_env(self.env)
 
         req = lambda name, ok, what: _require(self, name, ok, what)  # noqa: E731
@@ -183,7 +197,7 @@ class Config:
             _check_type(name, tp, getattr(self.algo_config, name))
         self.algo_config.validate()
         for name in ("total_steps", "eval_episodes", "envs_per_actor", "batch_size", "n_step", "publish_every", "torch_threads",
-                     "keep_checkpoints"):
+                     "keep_checkpoints", "round_steps", "round_updates"):
             req(name, getattr(self, name) >= 1, "must be >= 1")
         for name in ("seed", "ranks_per_node", "eval_every", "learning_starts",
                      "replay_capacity"):
@@ -210,6 +224,13 @@ class Config:
             f"must be <= replay_capacity ({self.replay_capacity}) or learning never starts")
         req("fanout", 2 <= self.fanout <= MAX_FANOUT and self.fanout & (self.fanout - 1) == 0,
             f"must be a power of two in [2, {MAX_FANOUT}]")
+        req("schedule", self.schedule == "async" or not getattr(Algo, "on_policy", False),
+            f"sync applies to the off-policy algorithms; --algo {self.algo} already runs a "
+            f"fixed per-step pattern")
+        req("round_steps", self.schedule == "async"
+            or self.round_steps % self.envs_per_actor == 0,
+            f"must be a multiple of envs_per_actor ({self.envs_per_actor}): each of an "
+            f"actor's envs takes round_steps / envs_per_actor steps per round")
         check_per_node("actors_per_node", self.actors_per_node)
         check_per_node("learners_per_node", self.learners_per_node)
         for name in ("actors_per_node", "learners_per_node"):

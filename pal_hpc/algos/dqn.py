@@ -36,6 +36,7 @@ from pal_hpc.options import option as _f
 
 # The arrays a loss batch carries (see DQN.loss).
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
+LOSSES = ("huber", "mse")
 
 
 @dataclass
@@ -52,6 +53,8 @@ class DQNConfig(AlgoConfig):
                             "place of the hidden MLP: nature (Mnih et al. 2015) or nips "
                             "(Mnih et al. 2013, PAAC's)", choices=tuple(CNN_KINDS))
     double_q: bool = _f(True, "double-Q targets")
+    loss: str = _f("huber", "TD loss: huber (smooth L1) or mse (the squared TD error)",
+                   choices=LOSSES)
     grad_clip: float = _f(10.0, "gradient global-norm clip (0 = no clipping)")
     eps_start: float = _f(1.0, "initial epsilon of epsilon-greedy")
     eps_final: float = _f(0.04, "final epsilon (of actor 0 when eps_spread > 0; Atari ids: "
@@ -73,6 +76,7 @@ class DQNConfig(AlgoConfig):
         req("cnn", self.cnn in CNN_KINDS,
             f"must be one of {', '.join(CNN_KINDS)}")
         req("grad_clip", self.grad_clip >= 0, "must be >= 0")
+        req("loss", self.loss in LOSSES, f"must be one of {', '.join(LOSSES)}")
         for name in ("eps_start", "eps_final"):
             req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
         req("eps_final", self.eps_final <= self.eps_start,
@@ -245,7 +249,7 @@ class DQN(Algorithm):
 
     def loss(self, batch: dict[str, np.ndarray], metrics: bool = True
              ) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
-        """Importance-weighted Huber TD loss.
+        """Importance-weighted TD loss (Huber, or squared error with `loss` mse).
 
         Returns (scalar loss tensor, metrics {"loss", "q_mean", "td_abs_mean"} --
         empty when `metrics` is False, which saves a few kernels and a sync --
@@ -272,7 +276,9 @@ class DQN(Algorithm):
                 next_v = next_q_target.max(dim=1).values
             target = reward + discount * next_v
         td = target - q
-        loss = (weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
+        per_row = (F.mse_loss if self.config.loss == "mse" else F.smooth_l1_loss)(
+            q, target, reduction="none")
+        loss = (weights * per_row).mean()
 
         td_abs = td.detach().abs()
         stats: dict[str, float] = {}

@@ -82,9 +82,30 @@ def make_env(env_id: str, seed: int, *, atari_preprocessing: bool = True,
         # Algorithms act in [-1, 1] (tanh policies); the env gets its own bounds.
         ones = np.ones(space.shape, np.float32)     # float32 bounds: no precision warning
         env = gym.wrappers.RescaleAction(env, -ones, ones)
+    if is_discrete_tuple(env.observation_space):
+        env = flatten_discrete_tuple(env)
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
+
+
+def is_discrete_tuple(space: gym.Space) -> bool:
+    """A Tuple observation space made only of Discrete parts (Blackjack-v1's)."""
+    return (isinstance(space, gym.spaces.Tuple) and len(space.spaces) > 0
+            and all(isinstance(s, gym.spaces.Discrete) for s in space.spaces))
+
+
+def flatten_discrete_tuple(env: gym.Env) -> gym.Env:
+    """Observations of a Tuple of Discrete parts as one float32 vector of the parts'
+    values (Blackjack-v1: (player sum, dealer card, usable ace) -> 3 floats, the
+    reactor-model paper's 3-input network), not one-hot: the values are ordered
+    quantities, and a vector keeps the network the paper's size."""
+    parts = env.observation_space.spaces
+    low = np.array([p.start for p in parts], np.float32)
+    high = np.array([p.start + p.n - 1 for p in parts], np.float32)
+    box = gym.spaces.Box(low, high, dtype=np.float32)
+    return gym.wrappers.TransformObservation(
+        env, lambda obs: np.asarray(obs, dtype=np.float32), box)
 
 
 def atari_env(env_id: str, noop_max: int = 30, frame_skip: int = 4, screen_size: int = 84,

@@ -67,7 +67,13 @@ class Learner:
         self.node_learners = node_learners
         self.rng = rng if rng is not None else np.random.default_rng(cfg.seed)
         self.updates = 0
+        self.attempts = 0                    # updates ended, applied or not (all voted)
         self.done = False
+        # --schedule sync: no rate limit (the rounds pace the run), a learner whose node
+        # has too little data sends zero rows, and priorities wait in `stashed` until
+        # the schedule writes them in a fixed order (pal_hpc.runtime.sync_schedule).
+        self.sync = cfg.schedule == "sync"
+        self.stashed: list[tuple] = []
         self.metrics: dict[str, float] = {}
         n_learners, index = learners_comm.Get_size(), learners_comm.Get_rank()
         if cfg.learner_batch == "split":
@@ -113,8 +119,10 @@ class Learner:
         """Rate limit (learner side): enough data, and no more sampled from this node's
         replay than replay_ratio times what was inserted."""
         inserted = self.replay.inserted()
-        if inserted < self.cfg.learning_starts:
+        if inserted < max(self.cfg.learning_starts, 1):
             return False
+        if self.sync:
+            return True
         return self.replay.sampled() + self.share <= self.cfg.replay_ratio * inserted
 
     def step(self, stopping: bool, progress: float, pause: bool = False) -> bool:
@@ -144,6 +152,12 @@ class Learner:
             self._todo = list(self.algo.phases(self.updates))
             self._run_phase(self._todo.pop(0), first=True,
                             votes=(0.0, 1.0, 0.0) if stopping else (0.0, 0.0, 1.0))
+            return True
+        if self.sync and not self.ready():
+            # Too little data on this node: zero rows into the same reductions.
+            self._voting = True
+            self._todo = list(self.algo.phases(self.updates))
+            self._run_phase(self._todo.pop(0), first=True, votes=(0.0, 0.0, 0.0))
             return True
         if not self.ready():
             if self._held_since is None:
@@ -180,7 +194,10 @@ class Learner:
                 np.multiply(self._send[:n], np.float32(self._weight), out=self._send[:n])
             t1 = time.perf_counter()
             self.profile["gradients"] += t1 - t0
-            if priorities is not None:
+            if priorities is not None and self.sync:
+                self.stashed.append((self._batch["indices"], priorities,
+                                     self._batch["tickets"]))
+            elif priorities is not None:
                 self.replay.update_priorities(self._batch["indices"], priorities,
                                               self._batch["tickets"])
                 self.profile["priorities"] += time.perf_counter() - t1
@@ -217,9 +234,11 @@ class Learner:
         """All phases of an update are applied (or none was): count it, publish, and
         act on the votes that travelled with its first phase."""
         self._batch = None
+        self.attempts += 1
         if applied:
             self.updates += 1
-            if self.weights is not None and self.updates % self.cfg.publish_every == 0:
+            if (self.weights is not None and not self.sync
+                    and self.updates % self.cfg.publish_every == 0):
                 self.weights.publish(self.algo.policy_params())
         stop, pause = self._votes
         if stop:

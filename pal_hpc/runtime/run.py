@@ -127,8 +127,8 @@ class RankRun(Checkpointing, Summary):
         self.start_replay_size = self.replay.size()
 
     # -- the loop ------------------------------------------------------------
-    def run(self) -> dict | None:
-        """Train until the job stops; rank 0 returns the summary."""
+    def _begin(self) -> None:
+        """Every rank at the start line: the totals so far, the clock, rank 0's log."""
         wait_all(self.world)
         if self.resumed_from:
             # Until the first stats round completes, the job-wide totals are the
@@ -146,6 +146,10 @@ class RankRun(Checkpointing, Summary):
             self.coord = Coordinator(self.cfg, self.start, self.restored.get("evals"),
                                      self.telemetry)
             self._announce()
+
+    def run(self) -> dict | None:
+        """Train until the job stops; rank 0 returns the summary."""
+        self._begin()
         fault_after = injected_fault_after(self.world.Get_rank())
         while True:
             if fault_after is not None and time.monotonic() - self.start > fault_after:
@@ -228,6 +232,11 @@ class RankRun(Checkpointing, Summary):
         progress = min(1.0, self.stats.total[S.ENV_STEPS] / self.cfg.total_steps)
         before = self.learner.updates
         did = self.learner.step(self.stats.stopping, progress, pause=self._checkpoint_pending())
+        self._learner_row(before)
+        return did
+
+    def _learner_row(self, before: int) -> None:
+        """Learner 0: count its updates and log a metrics row every METRICS_EVERY."""
         if self.me.learner_index == 0:
             self.stats.set(S.UPDATES, self.learner.updates)
             u = self.learner.updates
@@ -236,7 +245,6 @@ class RankRun(Checkpointing, Summary):
                 self.telemetry.record("learner", (
                     u, time.monotonic() - self.start, int(self.stats.total[S.ENV_STEPS]),
                     *[m.get(name, np.nan) for name in self.algo_class.metric_names]))
-        return did
 
     def _exchange(self) -> None:
         stats = self.stats
@@ -315,6 +323,7 @@ class RankRun(Checkpointing, Summary):
         mine = (digest, self._learner_profile())
         gathered = world.gather(mine, root=0) or []
         digests = [d for d, _ in gathered if d]
+        self.final_digest = digests[0] if digests else ""
         self.learner_profiles = [p for d, p in gathered if d]
         totals = np.zeros(S.SIZE)
         world.Reduce(self.stats.mine, totals, op=MPI.SUM, root=0)
@@ -363,6 +372,10 @@ def train(cfg, topo) -> int:
     if getattr(ALGOS[cfg.algo], "on_policy", False):    # PAAC: lockstep envs, no replay
         from pal_hpc.runtime.onpolicy import train_on_policy
         return train_on_policy(cfg, topo)
-    job = RankRun(cfg, topo)
+    if cfg.schedule == "sync":         # fixed rounds: pal_hpc.runtime.sync_schedule
+        from pal_hpc.runtime.sync_schedule import SyncRankRun
+        job = SyncRankRun(cfg, topo)
+    else:
+        job = RankRun(cfg, topo)
     job.run()
     return job.exit_status

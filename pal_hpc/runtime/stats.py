@@ -74,12 +74,23 @@ class StatsRounds:
         if start is None:
             start = self._req is None and self.due()
         if start and not self.stopping:
-            self._send[:] = self.mine
-            for slot in DELTAS:
-                self.mine[slot] = 0.0
-            self._req = self.comm.Iallreduce(self._send, self._recv, op=MPI.SUM)
-            self._last_start = time.monotonic()
+            self._start()
         return done
+
+    def exchange(self, wait) -> None:
+        """One whole round now (the synchronous schedule's, once per round on every
+        rank): start it and complete it, `wait(request)` doing the waiting."""
+        self.finish()
+        self._start()
+        wait(self._req)
+        self._take()
+
+    def _start(self) -> None:
+        self._send[:] = self.mine
+        for slot in DELTAS:
+            self.mine[slot] = 0.0
+        self._req = self.comm.Iallreduce(self._send, self._recv, op=MPI.SUM)
+        self._last_start = time.monotonic()
 
     def _complete(self, wait: bool) -> bool:
         if self._req is None:

@@ -60,6 +60,10 @@ class Summary:
             "checkpoint": checkpoint,       # None: the final checkpoint failed
             "resumed_from": self.resumed_from or None,
             "params_digest_at_start": self.start_digest or None,
+            # The learners' final parameters (SHA-256, Algorithm.digest): with --schedule
+            # sync, the same for one seed and layout run after run.
+            "params_digest": getattr(self, "final_digest", "") or None,
+            "schedule": cfg.schedule,
             "replay_size_at_start": self.start_replay_size,
             "stop_reason": coord.stop_reason or "loop ended",
             # What the job exits with (on every rank): 0 done, WORK_LEFT_EXIT stopped on
