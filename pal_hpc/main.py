@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from pal_hpc.cluster.topology import build_topology, uneven_nodes_note
         from pal_hpc.plan import plan_at_startup
-        from pal_hpc.runtime.run import train
+        from pal_hpc.runtime.entry import train
 
         plan = plan_at_startup(world, cfg)     # None unless a per-node count is auto
         topo = build_topology(world, cfg, plan)

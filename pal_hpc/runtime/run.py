@@ -146,15 +146,19 @@ class RankRun(Checkpointing, Summary):
             self.coord = Coordinator(self.cfg, self.start, self.restored.get("evals"),
                                      self.telemetry)
             self._announce()
+        self._fault_after = injected_fault_after(self.world.Get_rank())
+
+    def _fault_check(self) -> None:
+        """PAL_HPC_INJECT_FAULT (tests): raise once this rank's time has come."""
+        if self._fault_after is not None and time.monotonic() - self.start > self._fault_after:
+            raise RuntimeError(f"injected fault on rank {self.world.Get_rank()} "
+                               f"(PAL_HPC_INJECT_FAULT)")
 
     def run(self) -> dict | None:
         """Train until the job stops; rank 0 returns the summary."""
         self._begin()
-        fault_after = injected_fault_after(self.world.Get_rank())
         while True:
-            if fault_after is not None and time.monotonic() - self.start > fault_after:
-                raise RuntimeError(f"injected fault on rank {self.world.Get_rank()} "
-                                   f"(PAL_HPC_INJECT_FAULT)")
+            self._fault_check()
             did = self._act() | self._learn()
             self._exchange()
             self._system_row()
@@ -364,18 +368,3 @@ class RankRun(Checkpointing, Summary):
                              + out["sleep_reducing"])
         out["wall_per_update"] = 1e3 * wall / lrn.updates
         return {k: round(v, 4) for k, v in out.items()}
-
-
-def train(cfg, topo) -> int:
-    """Run the job on this rank; returns the job's exit status, the same on every rank:
-    0 (done) or `signals.WORK_LEFT_EXIT` (stopped on a signal with work left)."""
-    if getattr(ALGOS[cfg.algo], "on_policy", False):    # PAAC: lockstep envs, no replay
-        from pal_hpc.runtime.onpolicy import train_on_policy
-        return train_on_policy(cfg, topo)
-    if cfg.schedule == "sync":         # fixed rounds: pal_hpc.runtime.sync_schedule
-        from pal_hpc.runtime.sync_schedule import SyncRankRun
-        job = SyncRankRun(cfg, topo)
-    else:
-        job = RankRun(cfg, topo)
-    job.run()
-    return job.exit_status

@@ -46,7 +46,6 @@ from mpi4py import MPI
 from pal_hpc.config import ConfigError
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
-from pal_hpc.runtime.abort import injected_fault_after
 from pal_hpc.runtime.evaluation import PERIODIC_SEED, evaluate
 from pal_hpc.runtime.pacing import IDLE_SLEEP, REDUCING_SLEEP
 from pal_hpc.runtime.run import RankRun
@@ -122,11 +121,8 @@ class SyncRankRun(RankRun):
     def run(self) -> dict | None:
         """Rounds until the job stops; rank 0 returns the summary."""
         self._begin()
-        fault_after = injected_fault_after(self.world.Get_rank())
         while True:
-            if fault_after is not None and time.monotonic() - self.start > fault_after:
-                raise RuntimeError(f"injected fault on rank {self.world.Get_rank()} "
-                                   f"(PAL_HPC_INJECT_FAULT)")
+            self._fault_check()
             round_start = float(self.stats.total[S.ENV_STEPS])
             self._evaluate_if_due(round_start)
             self._act_round(round_start)

@@ -37,7 +37,7 @@ The package, one module per job (each imports only those listed before it):
 - `wind_down`: the end of the job on every rank;
 - `master`: `OnPolicyRun`, the rank itself (roles, rollout loop, updates and their
   votes), built from the parts above and the off-policy side's services (Coordinator,
-  Telemetry, Checkpointing, Summary); `train_on_policy`, called by runtime.run.
+  Telemetry, Checkpointing, Summary); `train_on_policy`, called by runtime.entry.
 """
 
 from pal_hpc.runtime.onpolicy.master import OnPolicyRun, train_on_policy

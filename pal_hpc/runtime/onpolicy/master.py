@@ -340,7 +340,7 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
 
 def train_on_policy(cfg, topo) -> int:
     """Run an on-policy job on this rank; returns the job's exit status (the same on
-    every rank; see `runtime.run.train`)."""
+    every rank; see `runtime.entry.train`)."""
     job = OnPolicyRun(cfg, topo)
     job.run()
     return job.exit_status
