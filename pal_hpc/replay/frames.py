@@ -26,7 +26,8 @@ import numpy as np
 
 from pal_hpc.replay._framecore import FrameCore, max_window
 from pal_hpc.replay._replaycore import control_words, lock_word, max_priority_word
-from pal_hpc.replay.shared import RESERVED, SharedReplay, _check_spec, _plan, _positive_int
+from pal_hpc.replay.shared import SharedReplay
+from pal_hpc.replay.spec import RESERVED, _check_spec, _plan, _positive_int
 
 # Hidden per-slot columns (see frames_core.h): the row's number in its stream, the
 # number of its episode's first row, and the steps to its successor (0 = final row).

@@ -17,127 +17,22 @@ since.  The protocol itself is in cython/sync_core.h.
 
 from __future__ import annotations
 
-import math
 import numbers
-import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
 from pal_hpc.cluster.window import allocate_shared
 from pal_hpc.replay._ksumtree import KSumTree, aligned_empty, check_allocatable
-from pal_hpc.replay._replaycore import ReplayCore, control_words, writes_word
+from pal_hpc.replay._replaycore import ReplayCore, writes_word
+from pal_hpc.replay.spec import (_ALIGN, _check_spec, _finite, _plan, _positive_int,
+                                  check_batch)
+from pal_hpc.replay.state import ReplayState
 
-RESERVED = ("indices", "weights", "tickets")
-_ALIGN = 64
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
-def _round_up(x: int, a: int = _ALIGN) -> int:
-    return (x + a - 1) // a * a
-
-
-def _check_spec(spec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    if not isinstance(spec, Mapping) or not spec:
-        raise ValueError("spec must be a non-empty mapping of field name -> (shape, dtype)")
-    out = {}
-    for name, entry in spec.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"spec field name {name!r} must be an identifier string")
-        if name in RESERVED:
-            raise ValueError(f"spec field name {name!r} is reserved (sample() returns it)")
-        if type(entry).__name__ == "FrameStack":
-            raise ValueError(f"spec[{name!r}] is a FrameStack: build a FrameStackReplay "
-                             f"(pal_hpc.replay.frames) for frame-stack fields")
-        try:
-            shape, dtype = entry
-        except (TypeError, ValueError):
-            raise ValueError(f"spec[{name!r}] must be (shape, dtype), got {entry!r}") from None
-        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-        if not all(isinstance(d, numbers.Integral) and d >= 0 for d in shape):
-            raise ValueError(f"spec[{name!r}] shape {shape} must hold non-negative integers")
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            raise ValueError(f"spec[{name!r}] dtype {dtype!r} is not a numpy dtype") from None
-        if dtype.hasobject or dtype.itemsize == 0:
-            raise ValueError(f"spec[{name!r}] dtype {dtype} cannot live in shared memory")
-        out[name] = (tuple(int(d) for d in shape), dtype)
-    return out
-
-
-def _positive_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _finite(value, name: str, minimum: float = 0.0) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
-    if not (np.isfinite(v) and v >= minimum):
-        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
-    return v
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Byte offsets of the parts of one buffer (see the module docstring)."""
-    control_words: int
-    tree_off: int
-    tree_nbytes: int
-    seq_off: int
-    col_off: dict[str, int]
-    row_bytes: dict[str, int]
-    nbytes: int
-
-
-def _plan(spec, capacity: int, regions: int, fanout, extra_words: int = 0) -> _Layout:
-    """The layout of a buffer; Python ints throughout, so nothing wraps.  `extra_words`
-    control words follow the regions' (a frame replay keeps its stream counters there)."""
-    words = control_words(regions) + extra_words
-    tree_nbytes = KSumTree.nbytes(capacity, fanout)      # validates fanout and capacity
-    off = _round_up(8 * words)
-    tree_off = off
-    off = _round_up(off + tree_nbytes)
-    seq_off = off
-    off = _round_up(off + 8 * capacity)
-    col_off, row_bytes = {}, {}
-    for name, (shape, dtype) in spec.items():
-        col_off[name] = off
-        row_bytes[name] = math.prod(shape) * dtype.itemsize
-        off = _round_up(off + capacity * row_bytes[name])
-    # allocate_shared and aligned_empty add _ALIGN bytes of slack.
-    if off > sys.maxsize - _ALIGN:
-        raise ValueError(f"a replay of capacity {capacity} with this spec needs {off} bytes, "
-                         f"more than this platform can address ({sys.maxsize - _ALIGN})")
-    return _Layout(words, tree_off, tree_nbytes, seq_off, col_off, row_bytes, off)
-
-
-def _read_only(arr: np.ndarray) -> np.ndarray:
-    view = arr.view()
-    view.flags.writeable = False
-    return view
-
-
-def _state_array(state, key: str, dtype, shape: tuple):
-    """state[key] if its dtype and shape are these, else a ValueError naming it."""
-    arr = state[key]
-    if not (hasattr(arr, "dtype") and hasattr(arr, "shape")):
-        arr = np.asarray(arr)
-    if np.dtype(arr.dtype) != np.dtype(dtype) or tuple(arr.shape) != tuple(shape):
-        raise ValueError(f"state array {key!r} has dtype {np.dtype(arr.dtype)} and shape "
-                         f"{tuple(arr.shape)}; this buffer needs {np.dtype(dtype)} and {shape}")
-    return arr
-
-
-class SharedReplay:
+class SharedReplay(ReplayState):
     """Node-shared prioritized replay with lazy-write regions.
 
     Collective over `comm` (a shared-memory node communicator, see
@@ -303,7 +198,7 @@ class SharedReplay:
         """
         core = self._live()
         r = self._region(region)
-        arrays, n = self._check_batch(batch)
+        arrays, n = check_batch(self.spec, batch)
         length = self._region_len[r]
         if n > length:
             raise ValueError(f"batch of {n} transitions is larger than region {r} ({length} slots)")
@@ -326,35 +221,6 @@ class SharedReplay:
         finally:
             core.release_region(r)
         return slots
-
-    def _check_batch(self, batch):
-        if not isinstance(batch, Mapping):
-            raise TypeError(f"batch must be a mapping of field -> array, got {type(batch).__name__}")
-        missing = [k for k in self.spec if k not in batch]
-        if missing:
-            raise ValueError(f"batch is missing field(s) {missing}")
-        extra = [k for k in batch if k not in self.spec]
-        if extra:
-            raise ValueError(f"batch has unknown field(s) {extra}; the spec has {list(self.spec)}")
-        arrays, n = {}, None
-        for name, (shape, dtype) in self.spec.items():
-            arr = np.asarray(batch[name])
-            if arr.ndim == 0:
-                raise ValueError(f"field {name!r} needs a leading batch dimension, got a scalar")
-            if n is None:
-                n = arr.shape[0]
-            if arr.shape != (n,) + shape:
-                raise ValueError(f"field {name!r} has shape {arr.shape}, expected {(n,) + shape} "
-                                 f"(batch of {n})")
-            if arr.dtype != dtype:
-                # Exact match: a silent cast would hide a wrong column (an int32 action
-                # space, float64 observations) and cost a copy on the hot path.
-                raise ValueError(f"field {name!r} has dtype {arr.dtype}, the spec says {dtype} "
-                                 f"(convert with .astype(np.{dtype.name}))")
-            arrays[name] = arr
-        if n == 0:
-            raise ValueError("batch is empty")
-        return arrays, n
 
     # -- sampling ----------------------------------------------------------
     def sample(self, batch_size, beta=0.4, rng=None) -> dict:
@@ -486,124 +352,6 @@ class SharedReplay:
         if kind == 1:
             raise ValueError(f"priorities[{k}] = {pr[k]!r} is not a finite, non-negative priority")
         return int(core.update_if_current(slots, stored, np.ascontiguousarray(tk, np.uint64)))
-
-    # -- checkpoints -------------------------------------------------------
-    def signature(self) -> dict:
-        """What a saved buffer must match to be loaded into this one."""
-        return {"capacity": self.capacity, "regions": self.regions, "fanout": self.fanout,
-                "alpha": self.alpha, "eps": self.eps, "nbytes": self.nbytes,
-                "spec": {n: [list(s), d.str] for n, (s, d) in self.spec.items()}}
-
-    def state_bytes(self) -> np.ndarray:
-        """The whole buffer -- counters, tree, slot counters, columns -- as one uint8 view
-        (state_arrays() is the compact form, without the rows never written).
-
-        Take it only while no rank writes or samples (a checkpoint's safe point)."""
-        self._live()
-        return self._mem
-
-    def load_state_bytes(self, raw) -> None:
-        """Restore a buffer saved with `state_bytes()` into this one (same signature).
-
-        Call on one rank of the node while no rank uses the buffer; locks and region
-        claims held at save time are released."""
-        core = self._live()
-        raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
-        if raw.size != self.nbytes:
-            raise ValueError(f"saved replay has {raw.size} bytes, this buffer has {self.nbytes}")
-        self._mem[:] = raw
-        core.reset_locks()
-
-    def state_arrays(self) -> dict[str, np.ndarray]:
-        """The buffer's state for a checkpoint, holding only the rows ever written.
-
-        Keys: "control" (cursors, sample count, max priority), "tree" (the tree's
-        memory), "seq" (per-slot counters), "region_rows" (int64 per ring -- a region, or a
-        frame replay's stream: rows saved, min(writes, ring length); a ring fills from
-        its first slot, so these are its first rows) and "column.<field>" (those rows, regions in
-        order).  Arrays may be read-only views of the live buffer: take and write
-        them while no rank writes or samples (a checkpoint's safe point)."""
-        self._live()
-        rows = self._rows_written()
-        runs = self._written_runs(rows)
-        lay = self._layout
-        out = {"control": self._control.copy(),
-               "tree": _read_only(self._mem[lay.tree_off:lay.tree_off + lay.tree_nbytes]),
-               "seq": _read_only(self._seq),
-               "region_rows": rows}
-        for name, col in self._columns.items():
-            parts = [col[a:b] for a, b in runs] or [col[:0]]
-            out[f"column.{name}"] = (_read_only(parts[0]) if len(parts) == 1
-                                     else np.concatenate(parts))
-        return out
-
-    def load_state_arrays(self, state) -> None:
-        """Restore a state from `state_arrays()` of a buffer with the same signature().
-
-        Every array is checked (dtype, shape, consistency with the saved cursors)
-        before anything changes; rows never written are zeroed.  Values may be numpy
-        arrays or anything sliceable with .dtype and .shape (h5py datasets: columns
-        are then read region by region).  Call on one rank of the node while no rank
-        uses the buffer; locks and region claims held at save time are released."""
-        core = self._live()
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state must be a mapping of name -> array, got {type(state).__name__}")
-        lay = self._layout
-        columns = {f"column.{n}": n for n in self.spec}
-        wanted = {"control", "tree", "seq", "region_rows", *columns}
-        missing, extra = sorted(wanted - set(state)), sorted(set(state) - wanted)
-        if missing or extra:
-            raise ValueError(f"saved replay state does not fit this buffer: missing {missing}, "
-                             f"unknown {extra}")
-        control = np.asarray(_state_array(state, "control", np.uint64, (lay.control_words,)))
-        tree = np.asarray(_state_array(state, "tree", np.uint8, (lay.tree_nbytes,)))
-        seq = np.asarray(_state_array(state, "seq", np.uint64, (self.capacity,)))
-        rows = np.asarray(_state_array(state, "region_rows", np.int64, (len(self._ring_len),)))
-        expect = [min(w, n) for w, n in zip(self._ring_writes(control), self._ring_len)]
-        if rows.tolist() != expect:
-            raise ValueError(f"state array 'region_rows' is {rows.tolist()}, but the saved "
-                             f"insert counters give {expect}")
-        here = self._mem[lay.tree_off:lay.tree_off + 64]
-        if not np.array_equal(tree[:64], here):
-            raise ValueError("state array 'tree' does not start with this buffer's tree header")
-        written = np.zeros(self.capacity, bool)
-        for a, b in self._written_runs(rows):
-            written[a:b] = True
-        if (seq[~written] != 0).any() or (seq[written] == 0).any():
-            raise ValueError("state array 'seq' disagrees with 'region_rows' about which slots "
-                             "were written")
-        saved = {name: _state_array(state, key, self.spec[name][1],
-                                    (int(rows.sum()),) + self.spec[name][0])
-                 for key, name in columns.items()}
-
-        self._control[:] = control
-        self._mem[lay.tree_off:lay.tree_off + lay.tree_nbytes] = tree
-        self._seq[:] = seq
-        for name, col in self._columns.items():
-            k = 0
-            for start, length, n in zip(self._ring_start, self._ring_len, rows.tolist()):
-                stop = start + length
-                if n:
-                    col[start:start + n] = saved[name][k:k + n]
-                col[start + n:stop] = 0
-                k += n
-        core.reset_locks()
-
-    def _rows_written(self) -> np.ndarray:
-        return np.array([min(w, n) for w, n in zip(self._ring_writes(self._control),
-                                                   self._ring_len)], np.int64)
-
-    def _written_runs(self, rows) -> list[tuple[int, int]]:
-        """Maximal (start, stop) slot ranges holding the first `rows[r]` slots of each ring."""
-        runs = []
-        for start, n in zip(self._ring_start, np.asarray(rows).tolist()):
-            if n == 0:
-                continue
-            if runs and runs[-1][1] == start:
-                runs[-1] = (runs[-1][0], start + n)
-            else:
-                runs.append((start, start + n))
-        return runs
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
