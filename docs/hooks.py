@@ -11,6 +11,6 @@ def on_page_markdown(markdown, page, config, files):
     if MARKER not in markdown:
         return markdown
     os.environ["COLUMNS"] = "100"
-    from pal_hpc.config import build_parser
+    from pal_hpc.config_io import build_parser
     text = build_parser().format_help()
     return markdown.replace(MARKER, "```text\n" + text.rstrip() + "\n```")

@@ -34,7 +34,7 @@ from pathlib import Path
 def _parse(args: list[str], rank: int):
     """`load_config(args)` with what argparse prints (`--help`, usage and errors) shown by
     rank 0 alone.  Returns the config, or the exit code argparse asked for."""
-    from pal_hpc.config import load_config
+    from pal_hpc.config_io import load_config
 
     out, err = io.StringIO(), io.StringIO()
     try:

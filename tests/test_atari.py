@@ -19,7 +19,8 @@ from pal_hpc.algos.cnn import CNNTorso, nature_cnn, nips_cnn
 from pal_hpc.algos.dqn import DQNConfig
 from pal_hpc.algos.nets import MLPTorso, is_image, seeded, torso
 from pal_hpc.cluster.weights import WeightStore
-from pal_hpc.config import Config, ConfigError, load_config
+from pal_hpc.config import Config, ConfigError
+from pal_hpc.config_io import load_config
 from pal_hpc.envs import is_atari, make_env, obs_info
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime.actor import Actor

@@ -10,8 +10,8 @@ import pytest
 from pal_hpc.algos import ALGOS
 from pal_hpc.algos.base import AlgoConfig
 from pal_hpc.algos.dqn import DQNConfig
-from pal_hpc.config import (Config, ConfigError, build_parser, config_from_dict,
-                            config_to_dict, load_config, option)
+from pal_hpc.config import Config, ConfigError, option
+from pal_hpc.config_io import build_parser, config_from_dict, config_to_dict, load_config
 
 
 def with_dqn(**fields) -> Config:

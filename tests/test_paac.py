@@ -22,7 +22,8 @@ from pal_hpc.algos import ALGOS, PAAC
 from pal_hpc.algos.optim import FlatRMSProp
 from pal_hpc.algos.paac import PAACConfig, nstep_returns, resolve_num_envs
 from pal_hpc.cluster.launch import pal_main
-from pal_hpc.config import ConfigError, config_from_dict, config_to_dict, load_config
+from pal_hpc.config import ConfigError
+from pal_hpc.config_io import config_from_dict, config_to_dict, load_config
 from pal_hpc.io.metrics import read_run_metrics
 
 GAMMA = 0.9

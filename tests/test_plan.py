@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from pal_hpc.cluster.topology import assign_roles, node_counts
-from pal_hpc.config import Config, ConfigError, build_parser, config_from_dict, load_config
+from pal_hpc.config import Config, ConfigError
+from pal_hpc.config_io import build_parser, config_from_dict, load_config
 from pal_hpc.plan import (TIE, Layout, Prediction, Rates, all_splits, candidate_learners,
                           default_split, fair_share, layout_from_table, make_plan,
                           others_from_share,

@@ -117,7 +117,7 @@ class Algorithm(ABC):
     Config: ClassVar[type[AlgoConfig]]
     metric_names: ClassVar[tuple[str, ...]]   # the learner metrics the log records
     # Run-wide settings this algorithm wants when the user gives none (e.g. TD3's
-    # gamma 0.98 and batches of 256); `pal_hpc.config.config_from_dict` applies them.
+    # gamma 0.98 and batches of 256); `pal_hpc.config_io.config_from_dict` applies them.
     run_defaults: ClassVar[dict] = {}
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: AlgoConfig, *,

@@ -59,7 +59,7 @@ def format_plan(plan: dict, title: str) -> str:
 
 
 def _parser():
-    from pal_hpc.config import build_parser
+    from pal_hpc.config_io import build_parser
 
     parser = build_parser(prog="python -m pal_hpc.plan")
     parser.description = ("Measure one actor and one learner on this machine for this "
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--sync-probe"]:
         _sync_probe_main()
         return 0
-    from pal_hpc.config import load_config
+    from pal_hpc.config_io import load_config
 
     ns = _parser().parse_args(argv)          # --help, and argparse's errors, from here
     own = argparse.ArgumentParser(add_help=False)

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from pal_hpc.cluster.collectives import on_rank0, wait_all
-from pal_hpc.config import ConfigError, config_to_dict
+from pal_hpc.config import ConfigError
+from pal_hpc.config_io import config_to_dict
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.runtime import stats as S
 

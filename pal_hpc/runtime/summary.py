@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pal_hpc.config import config_to_dict
+from pal_hpc.config_io import config_to_dict
 from pal_hpc.io.schema import EVALUATION
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from pal_hpc.config import config_to_dict
+from pal_hpc.config_io import config_to_dict
 from pal_hpc.io.metrics import MetricsLog, log_segments, open_run_log
 from pal_hpc.io.provenance import run_attributes
 from pal_hpc.io.rundir import DISK_MARGIN, free_bytes

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from pal_hpc.config import load_config
+from pal_hpc.config_io import load_config
 from pal_hpc.cluster import allocate_shared
 from pal_hpc.cluster.topology import assign_roles, build_topology, node_sizes_for
 

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from pal_hpc.config import ConfigError, config_to_dict
+from pal_hpc.config import ConfigError
+from pal_hpc.config_io import config_to_dict
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.checkpointing import Checkpointing
