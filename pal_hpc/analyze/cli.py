@@ -1,0 +1,88 @@
+"""Offline analysis of runs: a table per run and PNG plots.
+
+    python -m pal_hpc.analyze RUN [RUN ...] [--threshold R] [--out DIR]
+
+RUN is a run directory (holding `metrics.h5`, maybe more log segments `metrics.1.h5`...,
+and `summary.json`/`config.json` once the run has ended) or a `metrics.h5` path.  A run
+still in progress or killed (no `summary.json`) is analysed from what its log holds so
+far.  A RUN that cannot be read is reported, naming the file; the others are still
+analysed and the exit status is 1.
+
+Runs are grouped by (algorithm, environment).  A run counts as solved at its config's
+`target_return`; --threshold applies to runs without one.
+
+Plots written into --out (default: the run's directory for one run, ./analysis for
+several), in a subdirectory per group when there are several groups:
+learning_curve_steps.png, learning_curve_wall.png, throughput.png, and scaling.png when
+the group's runs have at least two different rank counts (with the planner's prediction
+beside each run that was planned at start-up, `--actors-per-node auto`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from pal_hpc.analyze.plots import write_plots
+from pal_hpc.analyze.runs import Run, group_runs, load_run, run_threshold
+from pal_hpc.analyze.table import format_table, run_stats
+
+
+def _load_all(paths: list[str]) -> tuple[list[Run], int]:
+    """The runs that could be read; each one that could not is reported on stderr.
+    Returns (runs, number of failures)."""
+    runs, failed = [], 0
+    for path in paths:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                runs.append(load_run(path))
+            except OSError as exc:      # its message names the file and says why
+                print(f"error: {exc}", file=sys.stderr)
+                failed += 1
+                continue
+        for w in caught:                 # segments skipped in a run that was read
+            print(f"warning: {w.message}", file=sys.stderr)
+    return runs, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pal_hpc.analyze ARGV`: each run's table on stdout, the plots into
+    --out; returns the exit status (1 when a run or a plot could not be read or written)."""
+    parser = argparse.ArgumentParser(prog="python -m pal_hpc.analyze", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run directory (with metrics.h5) or metrics.h5 path")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="evaluation mean return that counts as solved, for runs whose "
+                             "config has no target_return (default: none)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="directory for the plots (default: the run's directory, or "
+                             "./analysis for several runs)")
+    args = parser.parse_args(argv)
+    runs, failed = _load_all(args.runs)
+    status = 1 if failed else 0
+    if not runs:
+        return status
+    groups = group_runs(runs)
+    out_root = args.out or (runs[0].dir if len(runs) == 1 else Path("analysis"))
+    for (algo, env), group in groups.items():
+        if len(groups) > 1:
+            print(f"### {algo} on {env}: {len(group)} run{'s' * (len(group) > 1)}\n")
+        thresholds = [run_threshold(r, args.threshold) for r in group]
+        stats = [run_stats(r, t) for r, t in zip(group, thresholds)]
+        for run, s, t in zip(group, stats, thresholds):
+            print(format_table(run, s, t))
+            print()
+        out = out_root if len(groups) == 1 else out_root / f"{algo}-{env}".replace("/", "-")
+        try:
+            for path in write_plots(group, stats, thresholds, out):
+                print(f"wrote {path}")
+        except OSError as exc:
+            hint = "" if args.out else "; pass --out DIR to write them elsewhere"
+            print(f"error: cannot write the plots to {out} "
+                  f"({exc.strerror or exc}){hint}", file=sys.stderr)
+            status = 1
+    return status
