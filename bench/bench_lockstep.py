@@ -25,11 +25,21 @@ min(W, cores) x plain; Pong: >= 10x ray, >= 0.9x min(W, cores) x plain, and with
                                    [--envs cartpole,pong] [--json OUT]
     python bench/bench_lockstep.py --quick
     python bench/bench_lockstep.py --spread 5      # the issue's three rows, 5 runs each
+    python bench/bench_lockstep.py --paper [--quick] [--workers 1,2] [--paper-envs ...]
 
 --spread N measures the three rows the issue's held-out check names (CartPole W=2 E=1
 vs async, CartPole W=2 E=16 vs sync -- 32 envs in one process --, Pong W=2 E=1 vs
 plain) N times, alternating ours and the peer, and prints min / median / max of each
 ratio: how much the rate depends on luck (where the master runs, how waits wake).
+
+--paper measures only the reactor paper's simulation-throughput rows (arXiv 2312.04704;
+bench/paper_sim_worker.py): 15 envs, random actions, one step of all 15 per round, on
+CartPole-v1, Blackjack-v1, Pendulum-v1 and ALE Pong, MsPacman, SpaceInvaders with raw
+RGB frames (plain gym.make("ALE/Pong-v5")) and preprocessed; LockstepVectorEnv with W
+workers (--workers, default 1,2) beside the paper's Ray baseline (one @ray.remote actor
+per env drawing its own action, one ray.get per round), each ratio beside the paper's
+(1.21x on Gym, 11.6x on Atari).  The peer python is --peer-python, default
+$PAL_PEER_PYTHON, else .venv-peers/bin/python.
 """
 
 from __future__ import annotations
@@ -43,8 +53,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+PEER_PYTHON = Path(os.environ.get("PAL_PEER_PYTHON",
+                                   ROOT / ".venv-peers" / "bin" / "python"))
 WORKER = ROOT / "bench" / "vecenv_worker.py"
+PAPER_WORKER = ROOT / "bench" / "paper_sim_worker.py"
+# The reactor paper's rows and its LF/Ray throughput ratios (arXiv 2312.04704: 1.21x on
+# its Gym envs, 11.6x on its Atari envs, which it ran on raw frames).
+PAPER_ENVS = ["cartpole", "blackjack", "pendulum", "pong", "mspacman", "spaceinvaders",
+              "pong-pre", "mspacman-pre", "spaceinvaders-pre"]
+PAPER_RATIO = {"gym": 1.21, "atari": 11.6}
 PEER_ENGINES = {"ray", "envpool", "ale"}
 
 
@@ -62,12 +79,21 @@ def settle(seconds: float = 10.0) -> None:
 
 
 def measure(engine: str, env: str, w: int, e: int, args) -> dict:
+    """One bench/vecenv_worker.py run: W workers of E envs each."""
+    return run_worker(engine, WORKER, ["--env", env, "--workers", str(w), "--per-worker",
+                                       str(e)], args)
+
+
+def run_worker(engine: str, script: Path, argv: list[str], args) -> dict:
+    """Run `script --engine ENGINE ARGV --seconds --warmup` in its own process (the peer
+    venv's python for peer engines) after the previous one's processes are gone; its
+    last JSON line, or {"skipped": why}."""
     settle()
-    python = PEER_PYTHON if engine in PEER_ENGINES else Path(sys.executable)
+    python = Path(args.peer_python) if engine in PEER_ENGINES else Path(sys.executable)
     if not python.exists():
-        return {"skipped": f"{python} missing (make bench-peers)"}
-    cmd = [str(python), str(WORKER), "--engine", engine, "--env", env, "--workers", str(w),
-           "--per-worker", str(e), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+        return {"skipped": f"{python} missing (make bench-peers, or --peer-python)"}
+    cmd = [str(python), str(script), "--engine", engine, *argv,
+           "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
     envvars = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                    RAY_DEDUP_LOGS="0", RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     try:
@@ -110,10 +136,24 @@ def main() -> int:
                    help="skip one-process-per-env engines above this many processes")
     p.add_argument("--quick", action="store_true", help="1 s runs, W in 1,2, E in 1,8")
     p.add_argument("--json", default="", help="also write every record to this file")
+    p.add_argument("--peer-python", default=str(PEER_PYTHON),
+                   help="python of the peer venv (default: $PAL_PEER_PYTHON, else "
+                        ".venv-peers/bin/python)")
+    p.add_argument("--paper", action="store_true",
+                   help="only the reactor paper's rows: 15 envs, Gym and Atari (raw and "
+                        "preprocessed), W in --workers (default 1,2) beside its Ray baseline")
+    p.add_argument("--paper-envs", default=",".join(PAPER_ENVS),
+                   help="with --paper: these of its envs")
     p.add_argument("--spread", type=int, default=0,
                    help="only the issue's three rows, measured this many times each, "
                         "with min/median/max of the ratios")
     args = p.parse_args()
+    if args.paper:
+        if args.workers == p.get_default("workers"):
+            args.workers = "1,2"
+        if args.quick:
+            args.seconds, args.warmup = 1.0, 0.3
+        return paper(args)
     if args.quick:
         args.seconds, args.warmup, args.workers, args.per_worker = 1.0, 0.3, "1,2", "1,8"
     workers = [int(x) for x in args.workers.split(",")]
@@ -185,6 +225,52 @@ def main() -> int:
     for f in failures:
         print(f"FAILED {f}")
     return 1 if failures else 0
+
+
+def paper(args) -> int:
+    """The reactor paper's simulation-throughput rows: 15 envs, random actions, one step
+    of all 15 per round; LockstepVectorEnv with each W of --workers beside the paper's Ray
+    baseline (bench/paper_sim_worker.py), the ratio printed beside the paper's."""
+    workers = [int(x) for x in args.workers.split(",")]
+    envs = args.paper_envs.split(",")
+    unknown = sorted(set(envs) - set(PAPER_ENVS))
+    if unknown:
+        raise SystemExit(f"--paper-envs: unknown {unknown}; expected some of {PAPER_ENVS}")
+    cores = len(os.sched_getaffinity(0))
+    print(f"bench_lockstep --paper: {cores} cores; {args.seconds:g} s per measurement after "
+          f"{args.warmup:g} s warm-up; 15 envs, random actions, one step of all 15 per "
+          f"round; steps/s are env steps (a round = 15)")
+    print(f"  ours: LockstepVectorEnv(15 envs, num_workers=W), W in {workers}; ray: one "
+          f"@ray.remote actor per env, one ray.get per round ({args.peer_python})")
+    print(f"{'env':<18}" + "".join(f"{'W=' + str(w):>10}" for w in workers) + f"{'ray':>10}"
+          + "".join(f"{'W=' + str(w) + '/ray':>10}" for w in workers) + "     paper  best vs paper")
+    records, failed = [], False
+    for env in envs:
+        kind = "gym" if env in ("cartpole", "blackjack", "pendulum") else "atari"
+        base = ["--env", env, "--num-envs", "15"]
+        ray = run_worker("ray", PAPER_WORKER, base, args)
+        ours = [run_worker("lockstep", PAPER_WORKER, base + ["--workers", str(w)], args)
+                for w in workers]
+        for rec, engine, w in [(ray, "ray", 0)] + [(o, "lockstep", w) for o, w in
+                                                   zip(ours, workers)]:
+            rec.update(engine=engine, env=env, workers=w, paper=True)
+            records.append(rec)
+            if engine == "lockstep" and "skipped" in rec:
+                failed = True
+        rs = [ratio(o, ray) for o in ours]
+        best = max((r for r in rs if r is not None), default=None)
+        want = PAPER_RATIO[kind]
+        verdict = "--" if best is None else ("met" if best >= want else "NOT met")
+        label = env + (" (raw)" if kind == "atari" and not env.endswith("-pre") else "")
+        print(f"{label:<18}" + "".join(f"{fmt_rate(o):>10}" for o in ours) +
+              f"{fmt_rate(ray):>10}" + "".join(f"{fmt_ratio(r):>10}" for r in rs) +
+              f"{want:>9.2f}x  {verdict}", flush=True)
+        for rec in [ray] + ours:
+            if "skipped" in rec:
+                print(f"  skipped {rec['engine']} W={rec['workers']}: {rec['skipped']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    return 1 if failed else 0
 
 
 SPREAD_ROWS = [("cartpole", 2, 1, "async", "vs AsyncVectorEnv"),
