@@ -1,0 +1,63 @@
+"""How a node's environments are shared between its master and its environment workers:
+`--num-envs` and `--master-envs` resolved for a node of `workers` worker ranks.
+
+The master's share (`--master-envs`): envs [0, m) of the node are stepped by the master
+itself, inside `step_wait`, while the workers step theirs; the workers share the rest
+evenly.  Which process steps an env changes nothing it yields (each env is stepped with
+its own seed and action, and next-step autoreset is per env): runs with and without a
+share are bit-identical.  What it changes is the round's time: for small envs the
+lockstep handoff, not the env, sets it, and the master's share needs no handoff.
+
+`auto` (the rule, from bench/bench_paac.py and bench/bench_paac_atari.py runs on a
+2-core machine; docs/paac.md has the numbers): `AUTO_SHARE` of the node's
+environments, rounded so that the workers still share the rest evenly.
+"""
+
+from __future__ import annotations
+
+from pal_hpc.algos.paac import NUM_ENVS, resolve_num_envs
+from pal_hpc.config import AUTO, ConfigError
+
+AUTO_SHARE = 0.5   # the master's fraction of the node's envs under --master-envs auto
+
+
+def auto_share(num_envs: int, workers: int) -> int:
+    """The master's share under auto: AUTO_SHARE of `num_envs`, moved to the nearest
+    value that leaves the workers a multiple of `workers` (at least one each)."""
+    want = AUTO_SHARE * num_envs
+    fits = [m for m in range(num_envs - workers + 1) if (num_envs - m) % workers == 0]
+    return min(fits, key=lambda m: (abs(m - want), m))
+
+
+def node_layout(num_envs: int, master_envs, workers: int) -> tuple[int, int]:
+    """(environments of the node, the master's share of them) for a node of `workers`
+    worker ranks.  `num_envs` 0 = auto (the paper's 32, rounded so the workers share
+    what the master leaves evenly); with no workers the master steps every env.
+    Raises ConfigError naming num_envs or master_envs when they do not fit (the value
+    itself is checked by Config.validate)."""
+    if workers == 0:
+        n = resolve_num_envs(num_envs, 0)
+        return n, n
+    if master_envs == AUTO:
+        n = resolve_num_envs(num_envs, 1)      # any count: the share absorbs the rest
+        if num_envs == 0:
+            n = NUM_ENVS
+        if n < workers + 1:
+            raise ConfigError(f"num_envs: {n} environments for a master and {workers} "
+                              f"worker ranks under master_envs auto; at least "
+                              f"{workers + 1}")
+        return n, auto_share(n, workers)
+    m = int(master_envs)
+    if m == 0:
+        return resolve_num_envs(num_envs, workers), 0
+    if num_envs == 0:                          # auto: 32, the workers' part rounded up
+        rest = max(NUM_ENVS - m, workers)
+        return m + -(-rest // workers) * workers, m
+    rest = num_envs - m
+    if rest < workers or rest % workers:
+        raise ConfigError(f"master_envs: {m} of num_envs {num_envs} leaves {rest} "
+                          f"environments for {workers} worker ranks; they need a multiple "
+                          f"of {workers} (at least {workers}): e.g. master_envs "
+                          f"{num_envs % workers if num_envs > workers else 0} or a "
+                          f"num_envs of {m + max(workers, rest - rest % workers)}")
+    return num_envs, m
