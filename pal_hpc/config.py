@@ -78,9 +78,9 @@ class Config:
     master_envs: PerNode = _f(0.0, "on-policy (paac): environments of each node that its "
                                    "master steps itself while the worker ranks step the "
                                    "rest (the same results, less handoff); an integer "
-                                   ">= 0, or auto = half the node's environments (a rule "
-                                   "from measurements, see docs/paac.md); ignored on a "
-                                   "node of one rank, whose master steps them all")
+                                   ">= 0, or auto = an equal share for every rank of the "
+                                   "node (a rule from measurements, see docs/paac.md); "
+                                   "a node of one rank's master steps them all")
 
     # Evaluation.
     eval_every: int = _f(5_000, "global env steps between greedy evaluations (0 = only at "
