@@ -79,8 +79,9 @@ class Config:
                                    "master steps itself while the worker ranks step the "
                                    "rest (the same results, less handoff); an integer "
                                    ">= 0, or auto = an equal share for every rank of the "
-                                   "node (a rule from measurements, see docs/paac.md); "
-                                   "a node of one rank's master steps them all")
+                                   "node, none on a host with more ranks than cores (a "
+                                   "rule from measurements, see docs/paac.md); a node "
+                                   "of one rank's master steps them all")
 
     # Evaluation.
     eval_every: int = _f(5_000, "global env steps between greedy evaluations (0 = only at "

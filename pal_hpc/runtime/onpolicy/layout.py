@@ -8,14 +8,18 @@ its own seed and action, and next-step autoreset is per env): runs with and with
 share are bit-identical.  What it changes is the round's time: for small envs the
 lockstep handoff, not the env, sets it, and the master's share needs no handoff.
 
-`auto` (the rule, from bench/bench_master_share.py on a 2-core machine; docs/paac.md
-has the numbers): every process of the node steps the same number of environments,
-the master n / (W + 1) of them, rounded so that the workers still share the rest
-evenly.  With one worker (half the envs on the master) it stepped CartPole 1.35x and
-Pong 1.70x as fast as the same ranks without a share.
+`auto` (the rule, from bench/bench_master_share.py and PAAC CartPole runs on a 2-core
+machine; docs/paac.md has the numbers): every process of the node steps the same
+number of environments, the master n / (W + 1) of them, rounded so that the workers
+still share the rest evenly -- unless rank 0's host runs more ranks than it has cores,
+where a share was slower (the master's stepping takes a core a worker needs) and auto
+is no share.  With one worker (half the envs on the master) it stepped CartPole 1.35x
+and Pong 1.70x as fast as the same ranks without a share.
 """
 
 from __future__ import annotations
+
+import os
 
 from pal_hpc.algos.paac import NUM_ENVS, resolve_num_envs
 from pal_hpc.config import AUTO, ConfigError
@@ -28,15 +32,29 @@ def auto_share(num_envs: int, workers: int) -> int:
     return min(fits, key=lambda m: (abs(m - want), m))
 
 
-def node_layout(num_envs: int, master_envs, workers: int) -> tuple[int, int]:
+def host_crowded(world) -> bool:
+    """Rank 0 (others: None): whether its host runs more of the job's ranks than the
+    cores it may use (collective: every rank sends its host's name)."""
+    import socket
+
+    names = world.gather(socket.gethostname(), root=0)
+    if world.Get_rank() != 0:
+        return None
+    return names.count(names[0]) > len(os.sched_getaffinity(0))
+
+
+def node_layout(num_envs: int, master_envs, workers: int,
+                crowded: bool = False) -> tuple[int, int]:
     """(environments of the node, the master's share of them) for a node of `workers`
-    worker ranks.  `num_envs` 0 = auto (the paper's 32, rounded so the workers share
+    worker ranks (`crowded`: its host has fewer cores than ranks; auto is then 0).  `num_envs` 0 = auto (the paper's 32, rounded so the workers share
     what the master leaves evenly); with no workers the master steps every env.
     Raises ConfigError naming num_envs or master_envs when they do not fit (the value
     itself is checked by Config.validate)."""
     if workers == 0:
         n = resolve_num_envs(num_envs, 0)
         return n, n
+    if master_envs == AUTO and crowded:
+        return resolve_num_envs(num_envs, workers), 0
     if master_envs == AUTO:
         n = resolve_num_envs(num_envs, 1)      # any count: the share absorbs the rest
         if num_envs == 0:

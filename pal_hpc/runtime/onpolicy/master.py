@@ -25,7 +25,7 @@ from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.abort import injected_fault_after, stall_once
 from pal_hpc.runtime.evaluation import PERIODIC_SEED, evaluate
 from pal_hpc.runtime.onpolicy.checkpoints import MasterCheckpointing
-from pal_hpc.runtime.onpolicy.layout import node_layout
+from pal_hpc.runtime.onpolicy.layout import host_crowded, node_layout
 from pal_hpc.runtime.onpolicy.reporting import TIMES, MasterReporting, OnPolicyCoordinator
 from pal_hpc.runtime.onpolicy.rollout import Rollout, env_seed
 from pal_hpc.runtime.onpolicy.wind_down import WindDown
@@ -72,7 +72,9 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
         Algo.check_env(cfg.env, obs_space, act_space)
         # Every rank computes every node's share from the same layout: they agree.
         sizes = topo.node_sizes
-        layouts = [node_layout(acfg.num_envs, cfg.master_envs, size - 1) for size in sizes]
+        crowded = world.bcast(host_crowded(world) if cfg.master_envs == "auto" else False)
+        layouts = [node_layout(acfg.num_envs, cfg.master_envs, size - 1, crowded)
+                   for size in sizes]
         self.node_envs = [n for n, _ in layouts]
         self.node_share = [m for _, m in layouts]    # envs each node's master steps itself
         self.num_envs = self.node_envs[self.node_index]
