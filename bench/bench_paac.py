@@ -96,7 +96,7 @@ def settings_flags(settings: str, np_: int) -> list[str]:
 
 def run_ours(np_: int, settings: str, seed: int, args, run_dir: Path) -> dict:
     cmd = pal_main(np_, "--algo", "paac", "--env", args.env, "--seed", str(seed),
-                   *settings_flags(settings, np_),
+                   *settings_flags(settings, np_), "--master-envs", args.master_envs,
                    "--total-steps", str(args.total_steps), "--target-return", str(args.target),
                    "--eval-every", str(args.eval_every),
                    "--eval-episodes", str(args.eval_episodes),
@@ -131,6 +131,9 @@ def main() -> int:
                     help="comma-separated PAAC settings: paper (its defaults), zoo (the SB3 "
                          "peer's hyperparameters as PAAC flags), zoo32 (those with PAAC's "
                          "32 environments and a learning rate scaled to them)")
+    ap.add_argument("--master-envs", default="auto",
+                    help="pal_hpc's --master-envs: the envs each master steps itself "
+                         "(0 = none, auto = the runtime's rule)")
     ap.add_argument("--env", default="CartPole-v1")
     ap.add_argument("--total-steps", type=int, default=500_000)
     ap.add_argument("--target", type=float, default=475.0)

@@ -85,6 +85,7 @@ def our_params(env_id: str, cnn: str) -> int:
 def run_ours(np_: int, num_envs: int, variant: str, args, run_dir: Path) -> dict:
     cmd = pal_main(np_, "--algo", "paac", "--env", args.env, "--seed", str(args.seed),
                    "--num-envs", str(num_envs), "--cnn", args.cnn, *VARIANTS[variant],
+                   "--master-envs", args.master_envs,
                    "--total-steps", str(args.warmup_steps + args.steps),
                    "--eval-every", "0", "--eval-episodes", "1",
                    "--run-dir", str(run_dir), "--progress-every", "1000")
@@ -107,6 +108,7 @@ def run_ours(np_: int, num_envs: int, variant: str, args, run_dir: Path) -> dict
             "measured_steps": measured, "measured_s": round(seconds, 3),
             "env_steps_per_s": measured / seconds, "env_steps": summary["env_steps"],
             "updates": summary["updates"], "master_time": summary.get("master_time"),
+            "master_envs": summary.get("master_envs"),
             "env_worker_busy": summary.get("env_worker_busy")}
 
 
@@ -129,6 +131,9 @@ def main() -> int:
                     help=f"comma-separated pal_hpc variants to run, from {', '.join(VARIANTS)}")
     ap.add_argument("--warmup-steps", type=int, default=5_000)
     ap.add_argument("--steps", type=int, default=20_000, help="measured env steps")
+    ap.add_argument("--master-envs", default="auto",
+                    help="pal_hpc's --master-envs: the envs each master steps itself "
+                         "(0 = none, auto = the runtime's rule)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
     ap.add_argument("--no-peer", action="store_true", help="skip Stable-Baselines3")
@@ -177,7 +182,8 @@ def main() -> int:
                 key = (n, pr)
                 try:
                     ours[key] = run_ours(n, e, pr, args, Path(tmp) / f"np{n}-{pr}")
-                    print(f"  pal_hpc -n {n} {pr} {e:>3} envs: "
+                    print(f"  pal_hpc -n {n} {pr} {e:>3} envs "
+                          f"(master steps {ours[key]['master_envs']}): "
                           f"{ours[key]['env_steps_per_s']:8.1f} env steps/s", flush=True)
                 except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError) as exc:
                     errors.append(f"pal_hpc -n {n} {pr} failed: {exc}")

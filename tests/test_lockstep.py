@@ -395,9 +395,10 @@ def test_no_segment_is_left_after_close_or_a_crash():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 4])
-def test_mpi_ranks_attach_to_the_node_window(mpi, nprocs):
-    proc = mpi(nprocs, ROOT / "tests/mpi/lockstep_attach.py", timeout=180)
+@pytest.mark.parametrize("nprocs,share", [(1, 0), (4, 0), (1, 3), (3, 3), (4, 4)])
+def test_mpi_ranks_attach_to_the_node_window(mpi, nprocs, share):
+    """With a master share (`master_envs`) too: the master steps envs [0, share)."""
+    proc = mpi(nprocs, ROOT / "tests/mpi/lockstep_attach.py", str(share), timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"ranks={nprocs} ok=True" in proc.stdout, proc.stdout + proc.stderr
 

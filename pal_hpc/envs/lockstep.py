@@ -27,7 +27,9 @@ from pal_hpc.envs.lockstep_errors import raise_failures
 from pal_hpc.envs.lockstep_procs import (
     Memory, Pickled, pid_dead, process_main, track, worker_cores,
 )
-from pal_hpc.envs.lockstep_protocol import Backoff, Layout, LockstepError, Master, Views
+from pal_hpc.envs.lockstep_protocol import (
+    Backoff, Layout, LockstepError, Master, Views, check_master_envs,
+)
 from pal_hpc.envs.lockstep_share import EnvShare, SpaceCheck
 from pal_hpc.envs.lockstep_spaces import SpacePlan, is_gymnasium_space
 
@@ -56,6 +58,11 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         backoff: how long waits spin and yield before sleeping (default: by cores).
         pin_workers: pin each worker to a core of its own (distinct physical cores
             first, away from the caller's core while there are enough others).
+        master_envs: the "master share": envs [0, master_envs) are stepped by this
+            process itself, inside `step_wait` (and `reset_wait`, `call_wait`, ...)
+            while the workers step theirs; the workers share the rest.  For small envs
+            the handoff, not the env, sets a round's time: the share steps envs with no
+            handoff at all.  With num_workers=0 this process steps every env.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], num_workers: int | None = None,
@@ -63,7 +70,8 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
                  autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
                  shared_memory: bool = True, daemon: bool = True,
                  observation_mode: str = "same", info_bytes: int = 1 << 16,
-                 backoff: Backoff | None = None, pin_workers: bool = True):
+                 backoff: Backoff | None = None, pin_workers: bool = True,
+                 master_envs: int = 0):
         super().__init__()
         self._init_state()
         env_fns = list(env_fns)
@@ -71,11 +79,18 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         if n < 1:
             raise ValueError("env_fns: at least one environment is needed")
         if num_workers is None:
-            num_workers = min(n, len(os.sched_getaffinity(0)))
+            left = n - master_envs if isinstance(master_envs, int) and 0 <= master_envs <= n \
+                else n
+            num_workers = min(left, len(os.sched_getaffinity(0)))
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or \
                 not 0 <= num_workers <= n:
             raise ValueError(f"num_workers: {num_workers!r}; expected an int in [0, {n}] "
                              f"(at most one worker per environment)")
+        master_envs = check_master_envs(master_envs, n, num_workers)
+        if num_workers > n - master_envs:
+            raise ValueError(f"num_workers: {num_workers} workers for the {n - master_envs} "
+                             f"environments left after master_envs={master_envs}; every "
+                             f"worker needs at least one")
         if observation_mode != "same":
             raise ValueError(f"observation_mode: {observation_mode!r}; LockstepVectorEnv "
                              f"supports 'same' only")
@@ -89,7 +104,7 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         finally:
             if num_workers:
                 probe.close()
-        layout = self._layout(num_workers, info_bytes)
+        layout = self._layout(num_workers, info_bytes, master_envs)
         self._memory = Memory(layout.nbytes)
         self._views = Views(layout, self._memory.array())
         check = SpaceCheck(self.single_observation_space, self.single_action_space)
@@ -121,6 +136,13 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         except BaseException:
             self._shutdown()
             raise
+        if master_envs:                 # built after the fork: no worker holds a copy
+            try:
+                envs = [fn() for fn in env_fns[:master_envs]]
+            except BaseException:
+                self._shutdown()
+                raise
+            self._start_local(envs, check)
         self._ready = True
 
     # ------------------------------------------------------------------ construction
@@ -139,11 +161,14 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
 
     @classmethod
     def attach(cls, comm, env_fns: Sequence[Callable[[], gym.Env]], *, copy: bool = True,
-               info_bytes: int = 1 << 16, backoff: Backoff | None = None):
+               info_bytes: int = 1 << 16, backoff: Backoff | None = None,
+               master_envs: int = 0):
         """Collective over `comm`, a communicator of ranks on one node: rank 0 becomes the
         master and gets the vector env; every other rank becomes a worker, steps its share
         of `env_fns` (the same list on every rank) until the master closes the env, and
-        then gets None.  With one rank the master steps every env itself."""
+        then gets None.  With one rank the master steps every env itself; otherwise it
+        steps envs [0, master_envs) (the same value on every rank) and the workers share
+        the rest."""
         from pal_hpc.cluster.window import allocate_shared
         from pal_hpc.envs.lockstep_share import serve
 
@@ -153,6 +178,7 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         if workers > n:
             raise ValueError(f"env_fns: {n} environments for {workers} worker ranks; "
                              f"every worker rank needs at least one")
+        master_envs = check_master_envs(master_envs, n, workers)
         self = layout = spaces = None
         if rank == 0:
             self = cls.__new__(cls)
@@ -160,11 +186,11 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
             self._init_state()
             self.env_fns, self.num_workers, self.copy = env_fns, workers, copy
             self.shared_memory, self.autoreset_mode = True, AutoresetMode.NEXT_STEP
-            envs = [fn() for fn in env_fns] if workers == 0 else [env_fns[0]()]
+            envs = [fn() for fn in env_fns[:max(master_envs, 1)]]
             self._describe(envs[0], n)
-            if workers:
+            if not master_envs:
                 envs[0].close()
-            layout = self._layout(workers, info_bytes)
+            layout = self._layout(workers, info_bytes, master_envs)
             spaces = (self.single_observation_space, self.single_action_space)
         layout, spaces = comm.bcast((layout, spaces), root=0)
         backoff = backoff or Backoff.for_processes(size)
@@ -182,8 +208,12 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
             self._master.wait("start-up")
             failures = self._master.failures()
             if failures:
+                for env in envs if master_envs else ():
+                    env.close()
                 self._shutdown()
                 raise_failures(failures, layout.ranges())
+            if master_envs:
+                self._start_local(envs, SpaceCheck(*spaces))
             self._ready = True
             return self
         master_pid = comm.bcast(None, root=0)
@@ -200,6 +230,7 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         self._procs: list = []
         self._memory = self._share = self._free = self._views = self._master = None
         self._state, self._orphan, self._local = "default", None, None
+        self._local_op = None             # the command the master's share runs in the wait
 
     def _describe(self, env: gym.Env, n: int) -> None:
         self.num_envs = n
@@ -220,13 +251,16 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
                                  f"values is unknown; pass shared_memory=False to send them "
                                  f"in the lockstep binary encoding (plain data only)")
 
-    def _layout(self, workers: int, info_bytes: int) -> Layout:
+    def _layout(self, workers: int, info_bytes: int, master_envs: int) -> Layout:
+        self.master_envs = master_envs
         return Layout(num_envs=self.num_envs, num_workers=workers,
                       obs_leaves=self._obs_plan.leaves, act_leaves=self._act_plan.leaves,
-                      autoreset=self.autoreset_mode.value, info_bytes=info_bytes)
+                      autoreset=self.autoreset_mode.value, info_bytes=info_bytes,
+                      master_envs=master_envs if workers else 0)
 
     def _start_local(self, envs: list, check: SpaceCheck) -> None:
-        """No workers: this process steps every env itself, through the same views."""
+        """This process steps envs [0, len(envs)) itself, through the same views: all of
+        them with no workers, the master's share beside them."""
         try:
             for i, env in enumerate(envs):
                 check(i, env)

@@ -21,7 +21,8 @@ from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from pal_hpc.envs.lockstep_errors import raise_failures
 from pal_hpc.envs.lockstep_protocol import (
-    OP_CALL, OP_CLOSE, OP_RESET, OP_SETATTR, OP_STEP, S_OUT_LEN, LockstepError, read_out,
+    OP_CALL, OP_CLOSE, OP_NAMES, OP_RESET, OP_SETATTR, OP_STEP, S_OUT_LEN, LockstepError,
+    error_record, read_out,
 )
 from pal_hpc.envs.lockstep_spaces import action_checks
 
@@ -179,10 +180,12 @@ class LockstepAPI:
         self._settle()
         if message is not None:
             self._views.master.write(_encode(message))
-        if self._share is not None:
-            self._local = self._share.run(op)
-        else:
+        if self.num_workers:
             self._master.post(op)
+        if self._share is not None and not self.num_workers:
+            self._local = self._share.run(op)
+        elif self._share is not None:     # the master's share: stepped in the wait
+            self._local_op = op
         self._state = what
 
     def _finish(self, what: str, timeout: float | None) -> list[dict]:
@@ -193,23 +196,35 @@ class LockstepAPI:
             raise NoAsyncCallError(f"Calling `{what}_wait` without any prior call to "
                                    f"`{name}`.", what)
         self._state = "default"
-        if self._share is not None:
+        if self._share is not None and not self.num_workers:
             out, self._local = self._local, None
             if "errors" in out:
                 self._fail([(0, rec) for rec in out["errors"]])
             return [out]
+        local = self._run_share() if self._share is not None else {}
         if not self._wait(what, timeout):
             self._orphan = what
+            if "errors" in local:
+                self._fail([(-1, rec) for rec in local["errors"]])
             raise mp.TimeoutError(f"The call to `{what}_wait` has timed out after "
                                   f"{timeout} second(s).")
-        failures = self._master.failures()
+        failures = self._master.failures() + [(-1, rec) for rec in local.get("errors", ())]
         if failures:
             self._fail(failures)
         v = self._views
         lengths = v.slots[:self.num_workers, S_OUT_LEN]
+        outs = [local] if local else []
         if not lengths.any():
-            return []
-        return [read_out(v, int(w)) for w in np.flatnonzero(lengths)]
+            return outs
+        return outs + [read_out(v, int(w)) for w in np.flatnonzero(lengths)]
+
+    def _run_share(self) -> dict:
+        """The master's share of the command in flight, while the workers run theirs."""
+        op, self._local_op = self._local_op, None
+        try:
+            return self._share.run(op)
+        except Exception as exc:           # an env's own errors come back as records
+            return {"errors": [error_record(0, OP_NAMES.get(op, str(op)), exc)]}
 
     def _settle(self) -> None:
         """A round that timed out is still running: wait for it before the next one."""
@@ -232,9 +247,10 @@ class LockstepAPI:
 
     def _fail(self, failures: list) -> None:
         ranges = self._views.layout.ranges() or [(0, self.num_envs)]
+        share = self._views.layout.master_envs
         self._grace = 0.2
         self.close()
-        raise_failures(failures, ranges)
+        raise_failures(failures, ranges, share)
 
     # ------------------------------------------------------------------ batches
 

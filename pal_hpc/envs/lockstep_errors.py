@@ -47,8 +47,10 @@ def exception_for(module: str, qualname: str, message: str) -> LockstepError:
         return LockstepError(message)
 
 
-def raise_failures(failures: list[tuple], ranges: list[tuple[int, int]]) -> None:
-    """Log every (worker, error record) and raise the last one."""
+def raise_failures(failures: list[tuple], ranges: list[tuple[int, int]],
+                   master_envs: int = 0) -> None:
+    """Log every (worker, error record) and raise the last one; worker -1 is the
+    master's own share, envs [0, master_envs)."""
     for w, (i, what, _, _, _, trace) in failures:
         env = f"Worker-{i}" if i >= 0 else f"lockstep worker {w}"
         logger.error(f"Received the following error from {env} - Shutting it down")
@@ -56,7 +58,9 @@ def raise_failures(failures: list[tuple], ranges: list[tuple[int, int]]) -> None
     logger.error("Raising the last exception back to the main process.")
     w, (i, what, module, qualname, message, trace) = failures[-1]
     where = f"worker {w}"
-    if w < len(ranges):
+    if w < 0:
+        where = f"master (its own envs 0..{master_envs - 1})"
+    elif w < len(ranges):
         lo, hi = ranges[w]
         where += f" (envs {lo}..{hi - 1})"
     env = f" in env {i}" if i >= 0 else ""

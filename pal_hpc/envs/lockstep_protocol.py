@@ -62,6 +62,24 @@ def split(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
     return out
 
 
+def check_master_envs(master_envs, num_envs: int, num_workers: int) -> int:
+    """`master_envs` checked against the layout: an int in [0, num_envs], leaving every
+    worker at least one environment.  With no workers the master steps them all (the
+    value is then num_envs whatever was asked).  Raises ValueError naming it."""
+    if isinstance(master_envs, bool) or not isinstance(master_envs, (int, np.integer)) \
+            or not 0 <= master_envs <= num_envs:
+        raise ValueError(f"master_envs: {master_envs!r}; expected an int in [0, {num_envs}] "
+                         f"(the environments the master steps itself)")
+    if num_workers == 0:
+        return num_envs
+    if num_envs - master_envs < num_workers:
+        raise ValueError(f"master_envs: {master_envs} of {num_envs} environments leaves "
+                         f"{num_envs - master_envs} for {num_workers} workers; every worker "
+                         f"needs at least one (use at most {num_envs - num_workers}, or no "
+                         f"workers for a master that steps them all)")
+    return int(master_envs)
+
+
 def _round_up(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
@@ -84,6 +102,7 @@ class Layout:
     autoreset: str = "NextStep"    # gymnasium.vector.AutoresetMode's value
     info_bytes: int = 1 << 16      # message area per worker (more spills)
     args_bytes: int = 1 << 16      # the master's message area (more spills)
+    master_envs: int = 0           # envs [0, master_envs) are stepped by the master itself
 
     def _sizes(self) -> list[tuple[str, int]]:
         n, w = self.num_envs, self.num_workers
@@ -107,7 +126,11 @@ class Layout:
         return self.offsets()["total"][1]
 
     def ranges(self) -> list[tuple[int, int]]:
-        return split(self.num_envs, self.num_workers) if self.num_workers else []
+        """The workers' [lo, hi) env ranges: the envs after the master's share."""
+        if not self.num_workers:
+            return []
+        m = self.master_envs
+        return [(lo + m, hi + m) for lo, hi in split(self.num_envs - m, self.num_workers)]
 
 
 class Channel:

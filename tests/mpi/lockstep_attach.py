@@ -2,7 +2,8 @@
 
 Rank 0 is the master and steps the batch; the other ranks are workers in the node's
 shared window.  The master checks every step against SyncVectorEnv with the same seeds
-(bit for bit), including a partial reset; pass/fail is combined over all ranks."""
+(bit for bit), including a partial reset; pass/fail is combined over all ranks.
+argv[1], if given: the master's share (`master_envs`), the envs it steps itself."""
 
 import sys
 
@@ -23,7 +24,8 @@ def make():
 def main():
     world = MPI.COMM_WORLD
     node = node_comm(world)
-    env = LockstepVectorEnv.attach(node, [make] * N_ENVS)
+    share = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    env = LockstepVectorEnv.attach(node, [make] * N_ENVS, master_envs=share)
     ok = True
     if node.Get_rank() == 0:
         ref = gym.vector.SyncVectorEnv([make] * N_ENVS)
@@ -47,6 +49,11 @@ def main():
                 ok &= bool(np.array_equal(o1, o2))
         ok &= ends > 10
         ok &= len(env.worker_pids) == node.Get_size() - 1
+        workers = node.Get_size() - 1
+        ok &= env.master_envs == (share if workers else N_ENVS)
+        lo = env._views.layout.ranges()[0][0] if workers else N_ENVS
+        ok &= lo == env.master_envs            # the workers start after the share
+        ok &= env.get_attr("np_random_seed") == ref.get_attr("np_random_seed")
         env.close()
         ref.close()
     else:

@@ -12,7 +12,6 @@ import torch
 from mpi4py import MPI
 
 from pal_hpc.algos import ALGOS
-from pal_hpc.algos.paac import resolve_num_envs
 from pal_hpc.cluster.collectives import on_rank0, wait_all
 from pal_hpc.cluster.topology import pick_device
 from pal_hpc.config import ConfigError
@@ -26,6 +25,7 @@ from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.abort import injected_fault_after, stall_once
 from pal_hpc.runtime.evaluation import PERIODIC_SEED, evaluate
 from pal_hpc.runtime.onpolicy.checkpoints import MasterCheckpointing
+from pal_hpc.runtime.onpolicy.layout import host_crowded, node_layout
 from pal_hpc.runtime.onpolicy.reporting import TIMES, MasterReporting, OnPolicyCoordinator
 from pal_hpc.runtime.onpolicy.rollout import Rollout, env_seed
 from pal_hpc.runtime.onpolicy.wind_down import WindDown
@@ -72,7 +72,11 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
         Algo.check_env(cfg.env, obs_space, act_space)
         # Every rank computes every node's share from the same layout: they agree.
         sizes = topo.node_sizes
-        self.node_envs = [resolve_num_envs(acfg.num_envs, size - 1) for size in sizes]
+        crowded = world.bcast(host_crowded(world) if cfg.master_envs == "auto" else False)
+        layouts = [node_layout(acfg.num_envs, cfg.master_envs, size - 1, crowded)
+                   for size in sizes]
+        self.node_envs = [n for n, _ in layouts]
+        self.node_share = [m for _, m in layouts]    # envs each node's master steps itself
         self.num_envs = self.node_envs[self.node_index]
         self.env_offset = sum(self.node_envs[:self.node_index])
         self.steps_per_round = acfg.t_max * sum(self.node_envs)
@@ -131,7 +135,8 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
                                      terminal_on_life_loss=cfg.atari_terminal_on_life_loss)
                    for i in range(self.num_envs)]
         wait_all(self.world)
-        vec = LockstepVectorEnv.attach(self.node, env_fns, copy=False)
+        vec = LockstepVectorEnv.attach(self.node, env_fns, copy=False,
+                                       master_envs=self.node_share[self.node_index])
         if self.is_master:
             try:
                 self._master(vec, start_update)

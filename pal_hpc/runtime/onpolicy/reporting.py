@@ -58,8 +58,9 @@ class MasterReporting:
         acfg = cfg.algo_config
         print(f"pal_hpc: {cfg.algo} on {cfg.env}: {self.world.Get_size()} ranks, "
               f"{self.n_learners} node(s), each a master + environment workers "
-              f"({' + '.join(str(e) for e in self.node_envs)} envs, {self.n_actors} worker "
-              f"ranks); t_max {acfg.t_max}, {self.steps_per_round:,} env steps per update, "
+              f"({' + '.join(str(e) for e in self.node_envs)} envs, of them "
+              f"{' + '.join(str(m) for m in self.node_share)} stepped by the master(s), "
+              f"{self.n_actors} worker ranks); t_max {acfg.t_max}, {self.steps_per_round:,} env steps per update, "
               f"device {self.algo.device}", flush=True)
 
     def _open_log(self):
@@ -94,7 +95,8 @@ class MasterReporting:
     def _summary_extra(self) -> dict:
         acfg = self.cfg.algo_config
         return {"masters": self.n_learners, "env_workers": self.n_actors,
-                "num_envs": self.node_envs, "t_max": acfg.t_max,
+                "num_envs": self.node_envs, "master_envs": self.node_share,
+                "t_max": acfg.t_max,
                 "steps_per_update": self.steps_per_round,
                 "master_time": {k: round(v, 4) for k, v in self._master_times().items()},
                 "env_worker_busy": self._worker_busy_fraction(),
