@@ -403,6 +403,14 @@ def test_mpi_ranks_attach_to_the_node_window(mpi, nprocs, share):
     assert f"ranks={nprocs} ok=True" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_attach_ends_on_every_rank_when_the_master_cannot_build_its_env(mpi, nprocs):
+    proc = mpi(nprocs, ROOT / "tests/mpi/lockstep_attach.py", "fail", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ranks={nprocs} ok=True" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_atari_frames_step_exactly_as_sync_vector_env():
     from pal_hpc.envs import make_env
     fns = [lambda: make_env("ALE/Pong-v5", seed=0)] * 3

@@ -179,20 +179,32 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
             raise ValueError(f"env_fns: {n} environments for {workers} worker ranks; "
                              f"every worker rank needs at least one")
         master_envs = check_master_envs(master_envs, n, workers)
-        self = layout = spaces = None
+        self = layout = spaces = failed = None
         if rank == 0:
-            self = cls.__new__(cls)
-            VectorEnv.__init__(self)
-            self._init_state()
-            self.env_fns, self.num_workers, self.copy = env_fns, workers, copy
-            self.shared_memory, self.autoreset_mode = True, AutoresetMode.NEXT_STEP
-            envs = [fn() for fn in env_fns[:max(master_envs, 1)]]
-            self._describe(envs[0], n)
-            if not master_envs:
-                envs[0].close()
-            layout = self._layout(workers, info_bytes, master_envs)
-            spaces = (self.single_observation_space, self.single_action_space)
+            envs = []
+            try:
+                self = cls.__new__(cls)
+                VectorEnv.__init__(self)
+                self._init_state()
+                self.env_fns, self.num_workers, self.copy = env_fns, workers, copy
+                self.shared_memory, self.autoreset_mode = True, AutoresetMode.NEXT_STEP
+                for fn in env_fns[:max(master_envs, 1)]:
+                    envs.append(fn())
+                self._describe(envs[0], n)
+                if not master_envs:
+                    envs[0].close()
+                layout = self._layout(workers, info_bytes, master_envs)
+                spaces = (self.single_observation_space, self.single_action_space)
+            except BaseException as exc:
+                # The workers wait in the bcast below: tell them, then raise here.
+                for env in envs:
+                    env.close()
+                comm.bcast((None, f"{type(exc).__name__}: {exc}"), root=0)
+                raise
         layout, spaces = comm.bcast((layout, spaces), root=0)
+        if layout is None:
+            raise RuntimeError(f"LockstepVectorEnv.attach: the master (rank 0) could not "
+                               f"build its environments ({spaces}); see rank 0's traceback")
         backoff = backoff or Backoff.for_processes(size)
         shared = allocate_shared(comm, layout.nbytes)
         views = Views(layout, shared.array)

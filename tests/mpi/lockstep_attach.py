@@ -3,7 +3,9 @@
 Rank 0 is the master and steps the batch; the other ranks are workers in the node's
 shared window.  The master checks every step against SyncVectorEnv with the same seeds
 (bit for bit), including a partial reset; pass/fail is combined over all ranks.
-argv[1], if given: the master's share (`master_envs`), the envs it steps itself."""
+argv[1], if given: the master's share (`master_envs`), the envs it steps itself.
+argv[1] == "fail": the master's environment raises while it is built: rank 0 gets that
+error and every worker a RuntimeError naming rank 0 (nobody waits for ever)."""
 
 import sys
 
@@ -21,9 +23,32 @@ def make():
     return gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
 
 
+def broken():
+    raise OSError("no such ROM")
+
+
+def master_fails(world, node):
+    rank = node.Get_rank()
+    fns = [broken if rank == 0 else make] * N_ENVS      # the master's copy is what fails
+    try:
+        LockstepVectorEnv.attach(node, fns)
+        ok = False
+    except OSError as exc:
+        ok = rank == 0 and "no such ROM" in str(exc)
+    except RuntimeError as exc:
+        ok = rank > 0 and "rank 0" in str(exc) and "no such ROM" in str(exc)
+    ok_all = world.allreduce(ok, op=MPI.LAND)
+    if world.Get_rank() == 0:
+        print(f"ranks={world.Get_size()} ok={ok_all}")
+    node.Free()
+    return 0 if ok_all else 1
+
+
 def main():
     world = MPI.COMM_WORLD
     node = node_comm(world)
+    if len(sys.argv) > 1 and sys.argv[1] == "fail":
+        return master_fails(world, node)
     share = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     env = LockstepVectorEnv.attach(node, [make] * N_ENVS, master_envs=share)
     ok = True
