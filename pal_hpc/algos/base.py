@@ -213,3 +213,40 @@ class Algorithm(ABC):
         the spaces and every config field that changes a shape."""
         return {"algo": self.name, "obs_shape": list(self.obs_space.shape),
                 "action_space": str(self.act_space)}
+
+
+class OnePhaseAlgorithm(Algorithm):
+    """An Algorithm whose parameters are one flat buffer `self._flat` (a `FlatParams`
+    view of every parameter) stepped in one update phase named `phase` (DQN's "q",
+    PAAC's "ac"): the phase bookkeeping and the flat-vector accessors, once."""
+
+    phase: ClassVar[str]
+
+    def phases(self, update: int) -> tuple[str, ...]:
+        return (self.phase,)
+
+    def phase_size(self, phase: str) -> int:
+        self._check_phase(phase)
+        return self.num_params
+
+    def _check_phase(self, phase: str) -> None:
+        if phase != self.phase:
+            raise ValueError(f"{self.name} has one update phase, {self.phase!r}; got {phase!r}")
+
+    @property
+    def num_params(self) -> int:
+        """Number of scalars in the flat parameter vector."""
+        return self._flat.numel()
+
+    def get_flat_params(self) -> np.ndarray:
+        """The parameters as one float32 vector (a copy), in parameter order."""
+        return self._flat.detach().cpu().numpy().astype(np.float32, copy=True)
+
+    @torch.no_grad()
+    def set_flat_params(self, flat: np.ndarray) -> None:
+        """Load the parameters from a vector laid out as get_flat_params' (a copy into
+        our buffer: never an alias of the caller's numpy memory)."""
+        flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32), device=self._flat.device)
+        if flat_t.numel() != self.num_params:
+            raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
+        self._flat.copy_(flat_t)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pal_hpc.algos.cnn import KINDS as CNN_KINDS
-from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
+from pal_hpc.algos.base import AlgoConfig, NetworkPolicy, OnePhaseAlgorithm
 from pal_hpc.algos.nets import (PRECISIONS, FlatParams, MLPTorso, autocast, is_image,
                                 precision_option, seeded, torso)
 from pal_hpc.algos.optim import FlatAdam
@@ -167,13 +167,14 @@ class DQNPolicy(NetworkPolicy):
                               self.n_actions, rng)
 
 
-class DQN(Algorithm):
+class DQN(OnePhaseAlgorithm):
     """Online and target Q-networks with an Adam optimizer, on one flat buffer.
 
     The batch's `reward` is already the n-step discounted return and its `discount`
     is gamma**k for the bootstrap (0 after a terminal): the actors built them."""
 
     name = "dqn"
+    phase = "q"
     Config = DQNConfig
     metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
     # Defaults for Atari ids (docs/training.md, "DQN on Atari"): Dopamine's Rainbow settings for
@@ -239,13 +240,6 @@ class DQN(Algorithm):
         return epsilon_greedy(self.online, self._obs(obs), epsilons, self.n_actions, rng)
 
     # ---- learning ---------------------------------------------------------------------
-
-    def phases(self, update: int) -> tuple[str, ...]:
-        return ("q",)
-
-    def phase_size(self, phase: str) -> int:
-        self._check_phase(phase)
-        return self.num_params
 
     def loss(self, batch: dict[str, np.ndarray], metrics: bool = True
              ) -> tuple[torch.Tensor, dict[str, float], np.ndarray]:
@@ -328,29 +322,7 @@ class DQN(Algorithm):
         """Copy the online weights into the target network."""
         self.target.load_state_dict(self.online.state_dict())
 
-    def _check_phase(self, phase: str) -> None:
-        if phase != "q":
-            raise ValueError(f"dqn has one update phase, 'q'; got {phase!r}")
-
     # ---- parameters and checkpoints ------------------------------------------------------
-
-    @property
-    def num_params(self) -> int:
-        """Number of scalars in the online network (the length of a flat vector)."""
-        return self._flat.numel()
-
-    def get_flat_params(self) -> np.ndarray:
-        """Online-network parameters as one float32 vector (a copy), in parameter order."""
-        return self._flat.detach().cpu().numpy().astype(np.float32, copy=True)
-
-    @torch.no_grad()
-    def set_flat_params(self, flat: np.ndarray) -> None:
-        """Load online-network parameters from a vector laid out as get_flat_params'."""
-        flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32), device=self.device)
-        if flat_t.numel() != self.num_params:
-            raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
-        # A copy into our buffer: never alias the caller's numpy memory.
-        self._flat.copy_(flat_t)
 
     def state_arrays(self) -> list[np.ndarray]:
         # The online parameters: the target and the optimizer follow from the same

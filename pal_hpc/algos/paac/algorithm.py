@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pal_hpc.algos.base import Algorithm
+from pal_hpc.algos.base import OnePhaseAlgorithm
 from pal_hpc.algos.nets import FlatParams, is_image, seeded
 from pal_hpc.algos.optim import FlatRMSProp
 from pal_hpc.algos.paac.config import PRESETS, PAACConfig
@@ -27,13 +27,14 @@ from pal_hpc.algos.paac.network import ActorCritic, PAACPolicy, sample_actions
 from pal_hpc.options import ConfigError
 
 
-class PAAC(Algorithm):
+class PAAC(OnePhaseAlgorithm):
     """The actor-critic network, its RMSProp over one flat buffer, the loss.
 
     `on_policy` tells the runtime to run it on lockstep environments (one master per
     node) instead of actors, replay and learners."""
 
     name = "paac"
+    phase = "ac"
     Config = PAACConfig
     on_policy = True
     metric_names = ("loss", "policy_loss", "value_loss", "entropy", "value_mean",
@@ -85,7 +86,7 @@ class PAAC(Algorithm):
         return PAACPolicy(net)
 
     def policy_params(self) -> np.ndarray:
-        return self._flat.detach().cpu().numpy().astype(np.float32, copy=True)
+        return self.get_flat_params()
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -116,13 +117,6 @@ class PAAC(Algorithm):
     def set_progress(self, fraction: float) -> None:
         """The fraction of the run's env steps done (the same on every master)."""
         self.progress = float(fraction)
-
-    def phases(self, update: int) -> tuple[str, ...]:
-        return ("ac",)
-
-    def phase_size(self, phase: str) -> int:
-        self._check_phase(phase)
-        return self.num_params
 
     def loss(self, batch: dict[str, np.ndarray], metrics: bool = True
              ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -171,23 +165,7 @@ class PAAC(Algorithm):
                             lr=self.learning_rate())
         self.updates += 1
 
-    def _check_phase(self, phase: str) -> None:
-        if phase != "ac":
-            raise ValueError(f"paac has one update phase, 'ac'; got {phase!r}")
-
     # ---- parameters and checkpoints ------------------------------------------------------
-
-    @property
-    def num_params(self) -> int:
-        return self._flat.numel()
-
-    @torch.no_grad()
-    def set_flat_params(self, flat: np.ndarray) -> None:
-        """Load parameters from a vector laid out as `policy_params`'s (a copy)."""
-        flat_t = torch.as_tensor(np.asarray(flat, dtype=np.float32), device=self.device)
-        if flat_t.numel() != self.num_params:
-            raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
-        self._flat.copy_(flat_t)
 
     def state_arrays(self) -> list[np.ndarray]:
         return [self.policy_params(),
