@@ -131,8 +131,9 @@ def worker_cores(num_workers: int) -> list[int | None]:
 
 
 def process_main(memory: Memory, layout, env_fns, w: int, backoff, parent: int,
-                 core: int | None, check) -> None:
-    """A worker process: serve worker `w`'s share until the master closes or dies."""
+                 core: int | None, check, share=None) -> None:
+    """A worker process: serve worker `w`'s share until the master closes or dies
+    (`share`: what runs the commands, as `serve` takes it; default: environments)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the master's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # whatever the parent installed
     _die_with_parent()
@@ -146,7 +147,8 @@ def process_main(memory: Memory, layout, env_fns, w: int, backoff, parent: int,
         if "cv2" in sys.modules:                     # Atari preprocessing: one thread per worker
             sys.modules["cv2"].setNumThreads(1)
 
-    serve(views, w, env_fns, backoff, lambda: os.getppid() == parent, check, built)
+    serve(views, w, env_fns, backoff, lambda: os.getppid() == parent, check, built,
+          **({} if share is None else {"share": share}))
 
 
 class Pickled:
