@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from bench_lockstep import settle

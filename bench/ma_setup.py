@@ -49,8 +49,6 @@ class PolicyMaker:
 
 def battle(num_agents: int, max_cycles: int = 1000, seed: int | None = None):
     """MAgent2 battle with num_agents (even) agents, num_agents/2 per team."""
-    import math
-
     from magent2.environments.battle import battle
 
     if num_agents < 2 or num_agents % 2:
@@ -66,7 +64,8 @@ def battle(num_agents: int, max_cycles: int = 1000, seed: int | None = None):
             self.env.add_agents(right, method="custom", pos=[[mid + 2, y, 0] for y in ys])
 
     env = _Battle(size, False, dict(battle.default_reward_args), max_cycles, False, None, seed)
-    assert len(env.possible_agents) == num_agents, (len(env.possible_agents), math.nan)
+    if len(env.possible_agents) != num_agents:
+        raise RuntimeError(f"battle({num_agents}) placed {len(env.possible_agents)} agents")
     return env
 
 

@@ -337,3 +337,24 @@ def test_the_interpreter_exits_with_a_runner_left_open(how):
         pytest.fail(f"the interpreter did not exit ({how})")
     assert proc.returncode == (1 if how == "raise" else 0), err
     assert _gone([int(p) for p in out.split()[1:]]) and _shm() == shm
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs,mode", [(1, "0"), (3, "0"), (3, "2"), (1, "raise"),
+                                         (3, "raise"), (1, "envfail"), (3, "envfail")])
+def test_mpi_ranks_attach_to_the_node_window(mpi, nprocs, mode):
+    proc = mpi(nprocs, ROOT / "tests/mpi/lockstep_agents_attach.py", mode, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ranks={nprocs} ok=True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_workers_are_pinned_only_while_they_leave_the_caller_a_core():
+    cores = sorted(os.sched_getaffinity(0))
+    env = Relay(len(cores) + 1)
+    with LockstepAgents(env, _fns(env), len(cores)) as runner:       # no core left over
+        assert all(os.sched_getaffinity(p) == set(cores) for p in runner.worker_pids)
+    if len(cores) > 1:
+        with LockstepAgents(env, _fns(env), len(cores) - 1) as runner:
+            assert all(len(os.sched_getaffinity(p)) == 1 for p in runner.worker_pids)
+        with LockstepAgents(env, _fns(env), len(cores), pin_workers=True) as runner:
+            assert all(len(os.sched_getaffinity(p)) == 1 for p in runner.worker_pids)

@@ -25,7 +25,7 @@ from typing import Any
 from pal_hpc.envs.lockstep_agent_share import AgentRows, PolicyShare
 from pal_hpc.envs.lockstep_api import LockstepAPI
 from pal_hpc.envs.lockstep_errors import exception_for
-from pal_hpc.envs.lockstep_procs import Memory, Pickled, process_main, track, worker_cores
+from pal_hpc.envs.lockstep_procs import Memory, pid_dead, start_workers, track, worker_cores
 from pal_hpc.envs.lockstep_protocol import (
     OP_CALL, OP_STEP, Backoff, Layout, LockstepError, Master, Views, error_record, read_out,
 )
@@ -52,16 +52,57 @@ class LockstepAgents:
         context: multiprocessing start method ("fork" by default; "spawn"/"forkserver"
             pickle policy_fns once with cloudpickle).
         backoff: how long waits spin and yield before sleeping (default: by cores).
-        pin_workers: pin each worker to a core of its own.
+        pin_workers: pin each worker to a core of its own (default: only while the
+            workers leave this process a core: a worker pinned beside the master, or
+            beside other jobs, cannot move away; on a loaded 2-core machine W=2
+            pinned ran 4x slower than unpinned).
         daemon: worker processes are daemonic.
     """
 
     def __init__(self, env, policy_fns: Mapping[Any, Callable[[], Callable]],
                  num_workers: int | None = None, *, master_agents: int = 0,
                  context: str | None = None, backoff: Backoff | None = None,
-                 pin_workers: bool = True, daemon: bool = True):
+                 pin_workers: bool | None = None, daemon: bool = True):
+        self._init_state()
+        fns, layout = self._describe(env, policy_fns, num_workers, master_agents)
+        num_workers = self.num_workers
+        self._memory = Memory(layout.nbytes)
+        self._bind(Views(layout, self._memory.array()))
+        make_share = partial(PolicyShare, self.rows)
+        if num_workers == 0:
+            self._master = Master(self._views, Backoff(), lambda w: None)
+            self._local([fn() for fn in fns], make_share)
+            return
+        backoff = backoff or Backoff.for_processes(num_workers + 1)
+        self._master = Master(self._views, backoff, self._process_dead)
+        self._master.arm_startup()
+        ctx = mp.get_context(context or "fork")
+        if pin_workers is None:
+            pin_workers = num_workers < len(os.sched_getaffinity(0))
+        cores = worker_cores(num_workers) if pin_workers else [None] * num_workers
+        track(self)
+        try:
+            start_workers(self._procs, ctx, self._memory, layout, fns, backoff, cores, daemon,
+                          "lockstep-agents", share=make_share)
+            self._master.wait("start-up")
+            failures = self._master.failures()
+            if failures:
+                self._fail(failures)
+            if self.master_agents:          # built after the fork: no worker holds a copy
+                self._local([fn() for fn in fns[:self.master_agents]], make_share)
+        except BaseException:
+            self._shutdown()
+            raise
+        self._ready = True
+
+    def _init_state(self) -> None:
         self._ready, self._procs, self._share, self._orphan = False, [], None, None
         self._memory = self._free = self._views = self._master = None
+        self._obs_in = self._act_out = self._live = None
+
+    def _describe(self, env, policy_fns, num_workers, master_agents) -> tuple[list, Layout]:
+        """Check the arguments (ValueError naming the field); the policy builders in agent
+        order and the shared block's layout."""
         self.rows = AgentRows.of(env)
         agents = self.rows.agents
         self.env, self.agents, n = env, agents, len(agents)
@@ -84,43 +125,74 @@ class LockstepAgents:
         layout = Layout(num_envs=n, num_workers=num_workers, obs_leaves=self.rows.obs_leaves,
                         act_leaves=self.rows.act_leaves, info_bytes=1 << 12,
                         master_envs=self.master_agents if num_workers else 0)
-        self._memory = Memory(layout.nbytes)
-        self._views = Views(layout, self._memory.array())
-        self._obs_in = [self.rows.obs_row(self._views, i) for i in range(n)]
-        self._act_out = [self.rows.act_row(self._views, i) for i in range(n)]
-        self._live = self._views.obs[1]
-        make_share = partial(PolicyShare, self.rows)
-        if num_workers == 0:
-            self._master = Master(self._views, Backoff(), lambda w: None)
-            self._local([fn() for fn in fns], make_share)
-            return
-        backoff = backoff or Backoff.for_processes(num_workers + 1)
-        self._master = Master(self._views, backoff, self._process_dead)
-        self._master.arm_startup()
-        ctx = mp.get_context(context or "fork")
-        cores = worker_cores(num_workers) if pin_workers else [None] * num_workers
-        track(self)
-        try:
-            for w, (lo, hi) in enumerate(layout.ranges()):
-                mine, share = fns[lo:hi], make_share
-                if ctx.get_start_method() != "fork":
-                    mine, share = Pickled(mine), Pickled(share)
-                p = ctx.Process(target=_spawned if isinstance(mine, Pickled) else process_main,
-                                name=f"lockstep-agents-{w}", daemon=daemon,
-                                args=(self._memory, layout, mine, w, backoff, os.getpid(),
-                                      cores[w], None, share))
-                p.start()
-                self._procs.append(p)
+        return fns, layout
+
+    def _bind(self, views: Views) -> None:
+        n = len(self.agents)
+        self._views = views
+        self._obs_in = [self.rows.obs_row(views, i) for i in range(n)]
+        self._act_out = [self.rows.act_row(views, i) for i in range(n)]
+        self._live = views.obs[1]
+
+    @classmethod
+    def attach(cls, comm, env_fn: Callable[[], Any], policy_fns: Mapping[Any, Callable],
+               *, master_agents: int = 0, backoff: Backoff | None = None):
+        """Collective over `comm`, ranks of one node: rank 0 builds the env
+        (`env_fn()`) and gets the LockstepAgents; every other rank is a worker that
+        evaluates its block of agents' policies (`policy_fns`: the same mapping on every
+        rank) until the master closes, then gets None.  With one rank the master
+        evaluates every policy; otherwise agents [0, master_agents) (the same value on
+        every rank) and the worker ranks share the rest."""
+        from pal_hpc.cluster.window import allocate_shared
+        from pal_hpc.envs.lockstep_share import serve
+
+        rank, workers = comm.Get_rank(), comm.Get_size() - 1
+        self = layout = rows = fns = None
+        if rank == 0:
+            self = cls.__new__(cls)
+            self._init_state()
+            try:
+                env = env_fn()
+                fns, layout = self._describe(env, policy_fns, workers, master_agents)
+                rows = self.rows
+            except BaseException as exc:     # the workers wait in the bcast: tell them
+                comm.bcast((None, f"{type(exc).__name__}: {exc}"), root=0)
+                raise
+        layout, rows = comm.bcast((layout, rows), root=0)
+        if layout is None:
+            raise RuntimeError(f"LockstepAgents.attach: the master (rank 0) could not "
+                               f"start ({rows}); see rank 0's traceback")
+        backoff = backoff or Backoff.for_processes(workers + 1)
+        shared = allocate_shared(comm, layout.nbytes)
+        views = Views(layout, shared.array)
+        make_share = partial(PolicyShare, rows)
+        if rank == 0:
+            self._free = shared.free
+            self._bind(views)
+            self._master = Master(views, backoff, self._process_dead)
+            self._master.arm_startup()
+            comm.bcast(os.getpid(), root=0)
+            if workers == 0:
+                self._local([fn() for fn in fns], make_share)
+                return self
+            track(self)
             self._master.wait("start-up")
             failures = self._master.failures()
             if failures:
                 self._fail(failures)
-            if self.master_agents:          # built after the fork: no worker holds a copy
+            if self.master_agents:
                 self._local([fn() for fn in fns[:self.master_agents]], make_share)
-        except BaseException:
-            self._shutdown()
-            raise
-        self._ready = True
+            self._ready = True
+            return self
+        master_pid = comm.bcast(None, root=0)
+        lo, hi = layout.ranges()[rank - 1]
+        mine = _policy_list(policy_fns, rows.agents)[lo:hi]
+        serve(views, rank - 1, mine, backoff, lambda: pid_dead(master_pid) is None,
+              share=make_share)
+        views.close()
+        del views
+        shared.free()
+        return None
 
     def _local(self, policies: list, make_share) -> None:
         self._share = make_share(policies, 0, self._views)
@@ -237,10 +309,15 @@ class LockstepAgents:
             raise LockstepError("LockstepAgents: closed (or a worker failed); make a new one")
 
     def _process_dead(self, w: int) -> str | None:
+        lo, hi = self._views_ranges()[w]
+        if not self._procs:                                   # MPI worker ranks
+            pid = self._master.pids()[w]
+            why = pid_dead(pid)
+            return None if why is None else \
+                f"(rank {w + 1}, agents {self.agents[lo]!r}..{self.agents[hi - 1]!r}) {why}"
         code = self._procs[w].exitcode
         if code is None:
             return None
-        lo, hi = self._views_ranges()[w]
         who = f"(pid {self._procs[w].pid}, agents {self.agents[lo]!r}..{self.agents[hi - 1]!r})"
         if code < 0:
             return f"{who} was killed by {signal.Signals(-code).name}"
@@ -248,8 +325,8 @@ class LockstepAgents:
 
     @property
     def worker_pids(self) -> list[int]:
-        """The pids of the worker processes."""
-        return [p.pid for p in self._procs]
+        """The pids of the worker processes (or ranks)."""
+        return [p.pid for p in self._procs] if self._procs else self._master.pids()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the workers (politely, then by force) and release the shared memory;
@@ -289,7 +366,3 @@ def _policy_list(policy_fns, agents: tuple) -> list:
         if not callable(policy_fns[agent]):
             raise ValueError(f"policy_fns[{agent!r}]: {policy_fns[agent]!r} is not callable")
     return [policy_fns[a] for a in agents]
-
-
-def _spawned(memory, layout, fns: Pickled, w, backoff, parent, core, check, share: Pickled):
-    process_main(memory, layout, fns.obj, w, backoff, parent, core, check, share.obj)

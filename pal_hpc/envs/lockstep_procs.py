@@ -167,6 +167,32 @@ class Pickled:
         self.obj = pickle.loads(raw)
 
 
+def start_workers(procs: list, ctx, memory: Memory, layout, fns, backoff, cores, daemon: bool,
+                  name: str, check=None, share=None) -> None:
+    """Start one worker process per range of `layout` on `fns[lo:hi]`, appending each to
+    `procs` as it starts (so a caller that fails midway stops those already running).
+    A forked worker inherits everything; a spawned one gets fns, check and share pickled
+    once with cloudpickle."""
+    spawned = ctx.get_start_method() != "fork"
+    for w, (lo, hi) in enumerate(layout.ranges()):
+        args = (fns[lo:hi], check, share)
+        if spawned:
+            args = tuple(Pickled(a) for a in args)
+        p = ctx.Process(target=_spawned if spawned else _forked, name=f"{name}-{w}",
+                        daemon=daemon, args=(memory, layout, w, backoff, os.getpid(),
+                                             cores[w], *args))
+        p.start()
+        procs.append(p)
+
+
+def _forked(memory, layout, w, backoff, parent, core, fns, check, share) -> None:
+    process_main(memory, layout, fns, w, backoff, parent, core, check, share)
+
+
+def _spawned(memory, layout, w, backoff, parent, core, fns, check, share) -> None:
+    process_main(memory, layout, fns.obj, w, backoff, parent, core, check.obj, share.obj)
+
+
 def pid_dead(pid: int) -> str | None:
     """Why process `pid` cannot answer (None while it runs)."""
     try:
