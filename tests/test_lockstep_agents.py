@@ -16,6 +16,7 @@ from gymnasium import spaces
 from pettingzoo.utils.env import ParallelEnv
 
 from conftest import ROOT
+from test_lockstep import _wait_gone
 from pal_hpc.envs.lockstep_agents import LockstepAgents
 from pal_hpc.envs.lockstep_protocol import LockstepError
 
@@ -114,19 +115,8 @@ def _memfds():
     return out
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 def _gone(pids, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
+    return _wait_gone(pids, seconds)
 
 
 @pytest.mark.parametrize("workers,master", [(0, 0), (1, 0), (2, 0), (2, 2), (5, 0)])

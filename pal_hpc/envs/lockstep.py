@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +23,9 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from pal_hpc.envs.lockstep_api import LockstepAPI
 from pal_hpc.envs.lockstep_errors import raise_failures
-from pal_hpc.envs.lockstep_procs import Memory, pid_dead, start_workers, track, worker_cores
+from pal_hpc.envs.lockstep_procs import (
+    Memory, exit_reason, pid_dead, start_workers, track, worker_cores,
+)
 from pal_hpc.envs.lockstep_protocol import (
     Backoff, Layout, LockstepError, Master, Views, check_master_envs,
 )
@@ -275,12 +276,8 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         self._ready = True
 
     def _process_dead(self, w: int) -> str | None:
-        code = self._procs[w].exitcode
-        if code is None:
-            return None
-        if code < 0:
-            return f"(pid {self._procs[w].pid}) was killed by {signal.Signals(-code).name}"
-        return f"(pid {self._procs[w].pid}) exited with status {code}"
+        why = exit_reason(self._procs[w])
+        return None if why is None else f"(pid {self._procs[w].pid}) {why}"
 
     @property
     def worker_pids(self) -> list[int]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -25,7 +24,9 @@ from typing import Any
 from pal_hpc.envs.lockstep_agent_share import AgentRows, PolicyShare
 from pal_hpc.envs.lockstep_api import LockstepAPI
 from pal_hpc.envs.lockstep_errors import exception_for
-from pal_hpc.envs.lockstep_procs import Memory, pid_dead, start_workers, track, worker_cores
+from pal_hpc.envs.lockstep_procs import (
+    Memory, exit_reason, pid_dead, start_workers, track, worker_cores,
+)
 from pal_hpc.envs.lockstep_protocol import (
     OP_CALL, OP_STEP, Backoff, Layout, LockstepError, Master, Views, error_record, read_out,
 )
@@ -59,7 +60,7 @@ class LockstepAgents:
         daemon: worker processes are daemonic.
     """
 
-    def __init__(self, env, policy_fns: Mapping[Any, Callable[[], Callable]],
+    def __init__(self, env: Any, policy_fns: Mapping[Any, Callable[[], Callable]],
                  num_workers: int | None = None, *, master_agents: int = 0,
                  context: str | None = None, backoff: Backoff | None = None,
                  pin_workers: bool | None = None, daemon: bool = True):
@@ -315,13 +316,9 @@ class LockstepAgents:
             why = pid_dead(pid)
             return None if why is None else \
                 f"(rank {w + 1}, agents {self.agents[lo]!r}..{self.agents[hi - 1]!r}) {why}"
-        code = self._procs[w].exitcode
-        if code is None:
-            return None
-        who = f"(pid {self._procs[w].pid}, agents {self.agents[lo]!r}..{self.agents[hi - 1]!r})"
-        if code < 0:
-            return f"{who} was killed by {signal.Signals(-code).name}"
-        return f"{who} exited with status {code}"
+        why = exit_reason(self._procs[w])
+        return None if why is None else \
+            f"(pid {self._procs[w].pid}, agents {self.agents[lo]!r}..{self.agents[hi - 1]!r}) {why}"
 
     @property
     def worker_pids(self) -> list[int]:

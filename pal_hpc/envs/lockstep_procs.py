@@ -193,6 +193,16 @@ def _spawned(memory, layout, w, backoff, parent, core, fns, check, share) -> Non
     process_main(memory, layout, fns.obj, w, backoff, parent, core, check.obj, share.obj)
 
 
+def exit_reason(proc) -> str | None:
+    """How worker process `proc` ended ("was killed by SIGKILL", "exited with status
+    1"), or None while it runs."""
+    code = proc.exitcode
+    if code is None:
+        return None
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else \
+        f"exited with status {code}"
+
+
 def pid_dead(pid: int) -> str | None:
     """Why process `pid` cannot answer (None while it runs)."""
     try:
