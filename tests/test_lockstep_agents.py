@@ -188,12 +188,14 @@ def test_a_raising_policy_reaches_the_caller_with_its_traceback():
         runner.act(obs)
 
 
-def test_a_policy_that_fails_to_build_is_reported_at_start_up():
+@pytest.mark.parametrize("workers,master", [(3, 0), (2, 1), (0, 0)])
+def test_a_policy_that_fails_to_build_is_reported_at_start_up(workers, master):
     env = Relay(3)
     fns = _fns(env)
-    fns["a1"] = lambda: 1 / 0
-    with pytest.raises(ZeroDivisionError, match="during start-up of agent 'a1'"):
-        LockstepAgents(env, fns, 3)
+    fns["a1" if master == 0 else "a0"] = lambda: 1 / 0
+    match = "during start-up of agent 'a1'" if workers and not master else "division"
+    with pytest.raises(ZeroDivisionError, match=match):
+        LockstepAgents(env, fns, workers, master_agents=master)
     assert not _memfds()
 
 

@@ -72,7 +72,11 @@ class LockstepAgents:
         make_share = partial(PolicyShare, self.rows)
         if num_workers == 0:
             self._master = Master(self._views, Backoff(), lambda w: None)
-            self._local([fn() for fn in fns], make_share)
+            try:
+                self._local([fn() for fn in fns], make_share)
+            except BaseException:
+                self.close()
+                raise
             return
         backoff = backoff or Backoff.for_processes(num_workers + 1)
         self._master = Master(self._views, backoff, self._process_dead)
@@ -92,7 +96,7 @@ class LockstepAgents:
             if self.master_agents:          # built after the fork: no worker holds a copy
                 self._local([fn() for fn in fns[:self.master_agents]], make_share)
         except BaseException:
-            self._shutdown()
+            self.close()
             raise
         self._ready = True
 
@@ -240,10 +244,8 @@ class LockstepAgents:
             if not env.agents:
                 obs, _ = env.reset()
                 episodes += 1
-            live = env.agents
-            if len(obs) != len(live):         # obs of agents done at the last step
-                obs = {a: obs[a] for a in live}
-            obs, _, _, _, _ = env.step(self.act(obs))
+            # the step's obs also hold the agents it ended: only the live ones act
+            obs, _, _, _, _ = env.step(self.act({a: obs[a] for a in env.agents}))
         return {"steps": steps, "episodes": episodes, "seconds": time.perf_counter() - t0}
 
     def call(self, name: str, *args, **kwargs) -> dict:
@@ -273,7 +275,7 @@ class LockstepAgents:
         if self.num_workers:
             try:
                 m.wait(what)
-            except LockstepError:          # a worker died: the round is lost
+            except BaseException:          # a worker died, or Ctrl-C: the round is lost
                 self._grace = 0.2
                 self.close()
                 raise
