@@ -19,7 +19,7 @@ DOCS_STAMP   := $(VENV)/.stamp-docs
 DOCS_REQS    := requirements-docs.txt requirements-tensorboard.txt
 NATIVE_SRC  := $(wildcard cython/*.pyx cython/*.pxd cython/*.h) setup.py pyproject.toml
 
-.PHONY: install run test test-fast test-slurm docs bench bench-sync-q bench-peers clean help
+.PHONY: install run test test-fast test-slurm docs bench bench-sync-q bench-multiagent bench-peers clean help
 
 help:
 	@echo "make install      create .venv with the pinned stack and build the native core"
@@ -32,6 +32,7 @@ help:
 	@echo "make docs         the documentation site (docs/, mkdocs.yml) into site/, --strict"
 	@echo "make bench        benchmarks, side by side with peers, with ratios"
 	@echo "make bench-sync-q synchronized parallel Q-learning beside Ray (the reactor paper's; ~20 min here)"
+	@echo "make bench-multiagent  multi-agent inference beside Ray, 4 and 10 agents (the reactor paper's)"
 	@echo "make bench-peers  install peer libraries (cpprb, torchrl, tianshou, SB3, ray, envpool) into .venv-peers"
 	@echo "make clean        remove build outputs (keeps .venv)"
 
@@ -89,11 +90,17 @@ bench: install
 	$(PY) bench/bench_paac.py $(ARGS)
 	$(PY) bench/bench_paac_atari.py $(ARGS)
 	$(PY) bench/bench_integrations.py $(ARGS)
+	$(PY) bench/bench_multiagent.py $(ARGS)
 
 # Its own target: 3 batch sizes x 500 rounds on both sides, Blackjack-bound (~20 min on 2
 # cores); ARGS=--quick runs batch 500 for 50 rounds.
 bench-sync-q: install
 	$(PY) bench/bench_sync_q.py $(ARGS)
+
+# Also in `make bench`; alone: 100,000 steps per row at 4 and 10 agents, ours at W=0,1,2
+# and Ray's one actor per agent; ARGS=--quick runs 1,000 steps per row.
+bench-multiagent: install
+	$(PY) bench/bench_multiagent.py $(ARGS)
 
 bench-peers:
 	bash bench/install_peers.sh

@@ -33,6 +33,11 @@
 #   envpool    1.2.5     newest; its wheel works with numpy 2.4 (CartPole-v1, Pong-v5).
 #   ale-py     0.12.1    the project's pin: the Pong ROM and AtariVectorEnv.
 #   opencv-python-headless 5.0.0.93  the project's pin (AtariPreprocessing needs it).
+#   pettingzoo 1.27.0, magent2 0.3.4, pygame-ce 2.5.8: the project's pins (magent2
+#                        requires pygame-ce); the env of bench/bench_multiagent.py, whose
+#                        Ray side (peer_ray_multiagent.py) steps it here.  ma-gym (the
+#                        reactor paper's TrafficJunction) does not install: it needs
+#                        gym<=0.20, which does not build with today's setuptools.
 #
 # torchrl caveat: torchrl's shipped C++ extension (its segment trees) does not
 # load with torch 2.13.0; bench/torchrl_extension.sh (see there) rebuilds it from
@@ -62,6 +67,9 @@ PINS=(
   "envpool==1.2.5"
   "ale-py==0.12.1"
   "opencv-python-headless==5.0.0.93"
+  "pettingzoo==1.27.0"
+  "magent2==0.3.4"
+  "pygame-ce==2.5.8"
 )
 
 # The stamp records a hash of this script, so editing a pin reinstalls.
@@ -105,7 +113,8 @@ import importlib, importlib.metadata as md, os, sys
 os.environ.setdefault("RL_WARNINGS", "0")
 print(f"  python {sys.version.split()[0]} at {sys.prefix}")
 for dist in ("torch", "numpy", "numba", "cpprb", "tensordict", "torchrl", "tianshou",
-             "stable-baselines3", "gymnasium", "ray", "envpool", "ale-py"):
+             "stable-baselines3", "gymnasium", "ray", "envpool", "ale-py", "pettingzoo",
+             "magent2"):
     try:
         ver = md.version(dist)
     except md.PackageNotFoundError:
@@ -119,6 +128,7 @@ checks = {
     "ray": "ray:remote",
     "envpool": "envpool:make",
     "ale-py": "ale_py.vector_env:AtariVectorEnv",
+    "magent2": "magent2.environments.battle_v4:parallel_env",
 }
 for peer, target in checks.items():
     mod, attr = target.split(":")

@@ -1,7 +1,9 @@
-"""Environments: `make_env` (gymnasium ids, Atari preprocessing) and the lockstep vector env."""
+"""Environments: `make_env` (gymnasium ids, Atari preprocessing), the lockstep vector env,
+and multi-agent lockstep inference beside a PettingZoo env (`LockstepAgents`)."""
 
 from pal_hpc.envs.lockstep import LockstepError, LockstepVectorEnv
+from pal_hpc.envs.lockstep_agents import LockstepAgents
 from pal_hpc.envs.make import action_info, is_atari, make_env, obs_info
 
 __all__ = ["make_env", "action_info", "obs_info", "is_atari", "LockstepVectorEnv",
-           "LockstepError"]
+           "LockstepError", "LockstepAgents"]

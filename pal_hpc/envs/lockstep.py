@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from pal_hpc.envs.lockstep_api import LockstepAPI
 from pal_hpc.envs.lockstep_errors import raise_failures
 from pal_hpc.envs.lockstep_procs import (
-    Memory, Pickled, pid_dead, process_main, track, worker_cores,
+    Memory, exit_reason, pid_dead, start_workers, track, worker_cores,
 )
 from pal_hpc.envs.lockstep_protocol import (
     Backoff, Layout, LockstepError, Master, Views, check_master_envs,
@@ -119,16 +118,8 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         cores = worker_cores(num_workers) if pin_workers else [None] * num_workers
         track(self)
         try:
-            for w, (lo, hi) in enumerate(layout.ranges()):
-                fns, chk = env_fns[lo:hi], check
-                if ctx.get_start_method() != "fork":
-                    fns, chk = Pickled(fns), Pickled(check)
-                p = ctx.Process(target=_spawned if isinstance(fns, Pickled) else process_main,
-                                name=f"lockstep-worker-{w}", daemon=daemon,
-                                args=(self._memory, layout, fns, w, backoff, os.getpid(),
-                                      cores[w], chk))
-                p.start()
-                self._procs.append(p)
+            start_workers(self._procs, ctx, self._memory, layout, env_fns, backoff, cores,
+                          daemon, "lockstep-worker", check)
             self._master.wait("start-up")
             failures = self._master.failures()
             if failures:
@@ -285,12 +276,8 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         self._ready = True
 
     def _process_dead(self, w: int) -> str | None:
-        code = self._procs[w].exitcode
-        if code is None:
-            return None
-        if code < 0:
-            return f"(pid {self._procs[w].pid}) was killed by {signal.Signals(-code).name}"
-        return f"(pid {self._procs[w].pid}) exited with status {code}"
+        why = exit_reason(self._procs[w])
+        return None if why is None else f"(pid {self._procs[w].pid}) {why}"
 
     @property
     def worker_pids(self) -> list[int]:
@@ -301,10 +288,6 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         """Seconds each worker has spent stepping and resetting its environments (the
         rest of its time it waited for the master); empty when no workers."""
         return self._master.busy_seconds()
-
-
-def _spawned(memory, layout, fns: Pickled, w, backoff, parent, core, check: Pickled) -> None:
-    process_main(memory, layout, fns.obj, w, backoff, parent, core, check.obj)
 
 
 class _Maker:

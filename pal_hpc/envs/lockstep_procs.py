@@ -131,8 +131,9 @@ def worker_cores(num_workers: int) -> list[int | None]:
 
 
 def process_main(memory: Memory, layout, env_fns, w: int, backoff, parent: int,
-                 core: int | None, check) -> None:
-    """A worker process: serve worker `w`'s share until the master closes or dies."""
+                 core: int | None, check, share=None) -> None:
+    """A worker process: serve worker `w`'s share until the master closes or dies
+    (`share`: what runs the commands, as `serve` takes it; default: environments)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the master's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # whatever the parent installed
     _die_with_parent()
@@ -146,7 +147,8 @@ def process_main(memory: Memory, layout, env_fns, w: int, backoff, parent: int,
         if "cv2" in sys.modules:                     # Atari preprocessing: one thread per worker
             sys.modules["cv2"].setNumThreads(1)
 
-    serve(views, w, env_fns, backoff, lambda: os.getppid() == parent, check, built)
+    serve(views, w, env_fns, backoff, lambda: os.getppid() == parent, check, built,
+          **({} if share is None else {"share": share}))
 
 
 class Pickled:
@@ -163,6 +165,42 @@ class Pickled:
     def __setstate__(self, raw):
         import pickle
         self.obj = pickle.loads(raw)
+
+
+def start_workers(procs: list, ctx, memory: Memory, layout, fns, backoff, cores, daemon: bool,
+                  name: str, check=None, share=None) -> None:
+    """Start one worker process per range of `layout` on `fns[lo:hi]`, appending each to
+    `procs` as it starts (so a caller that fails midway stops those already running).
+    A forked worker inherits everything; a spawned one gets fns, check and share pickled
+    once with cloudpickle."""
+    spawned = ctx.get_start_method() != "fork"
+    for w, (lo, hi) in enumerate(layout.ranges()):
+        args = (fns[lo:hi], check, share)
+        if spawned:
+            args = tuple(Pickled(a) for a in args)
+        p = ctx.Process(target=_spawned if spawned else _forked, name=f"{name}-{w}",
+                        daemon=daemon, args=(memory, layout, w, backoff, os.getpid(),
+                                             cores[w], *args))
+        p.start()
+        procs.append(p)
+
+
+def _forked(memory, layout, w, backoff, parent, core, fns, check, share) -> None:
+    process_main(memory, layout, fns, w, backoff, parent, core, check, share)
+
+
+def _spawned(memory, layout, w, backoff, parent, core, fns, check, share) -> None:
+    process_main(memory, layout, fns.obj, w, backoff, parent, core, check.obj, share.obj)
+
+
+def exit_reason(proc) -> str | None:
+    """How worker process `proc` ended ("was killed by SIGKILL", "exited with status
+    1"), or None while it runs."""
+    code = proc.exitcode
+    if code is None:
+        return None
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else \
+        f"exited with status {code}"
 
 
 def pid_dead(pid: int) -> str | None:

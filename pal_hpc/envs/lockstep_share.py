@@ -212,16 +212,18 @@ def _plan(space: gym.Space, leaves: tuple):
 def serve(views: Views, w: int, env_fns: Sequence[Callable[[], gym.Env]],
           backoff: Backoff, master_alive: Callable[[], bool],
           check: Callable[[int, gym.Env], None] | None = None,
-          built: Callable[[], None] | None = None) -> None:
+          built: Callable[[], None] | None = None, share: Callable = EnvShare) -> None:
     """Worker `w`'s loop: build its environments (`check(i, env)` raises if env i does not
     match the vector env's spaces; `built()` runs after), then run commands until CLOSE.
+    `share(objects, lo, views)` makes what runs the commands: `EnvShare` for
+    environments, `pal_hpc.envs.lockstep_agent_share.PolicyShare` for agents' policies.
 
     Exceptions from the environments go back to the master with their traceback; this
     function returns on CLOSE, or when `master_alive()` says the master is gone."""
     ctl = views.control
     views.slots[w, S_PID] = os.getpid()
     lo, hi = views.layout.ranges()[w]
-    share, errors = None, []
+    make_share, share, errors = share, None, []
     try:
         envs = []
         for k, fn in enumerate(env_fns):
@@ -234,7 +236,7 @@ def serve(views: Views, w: int, env_fns: Sequence[Callable[[], gym.Env]],
         if not errors and len(envs) != hi - lo:
             raise LockstepError(f"worker {w} built {len(envs)} environments, expected {hi - lo}")
         if not errors:
-            share = EnvShare(envs, lo, views)
+            share = make_share(envs, lo, views)
             if built is not None:
                 built()
         else:
