@@ -60,10 +60,12 @@ def test_sync_layouts_are_reproducible(tmp_path, nprocs, flags):
 @pytest.mark.parametrize("algo", ["ddpg", "td3", "sac"])
 def test_sync_continuous_algorithms_are_reproducible(tmp_path, algo):
     flags = ("--algo", algo, "--env", "Pendulum-v1", "--batch-size", "64")
-    a, _ = digest(3, tmp_path / "a", *flags)
-    b, _ = digest(3, tmp_path / "b", *flags)
-    c, _ = digest(3, tmp_path / "c", *flags, "--seed", "1")
-    assert a == b != c
+    a, sa = digest(3, tmp_path / "a", *flags)
+    b, sb = digest(3, tmp_path / "b", *flags)
+    c, sc = digest(3, tmp_path / "c", *flags, "--seed", "1")
+    # The summaries in the message: a failure says which run differed and how far it got.
+    assert a == b != c, (sa, sb, sc)
+    assert sa["updates"] == sb["updates"] and sa["episodes"] == sb["episodes"], (sa, sb)
 
 
 @pytest.mark.parametrize("flags,message", [
