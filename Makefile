@@ -66,7 +66,7 @@ run: install
 # fails in seconds (mkdocs build --strict).
 test: install
 	$(MAKE) docs
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra tests
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra --durations=25 tests
 	$(MAKE) test-openmpi
 
 test-fast: install
