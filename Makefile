@@ -11,9 +11,10 @@ TEST_TIMEOUT ?= 1800
 
 DEPS_STAMP  := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
-# The framework integrations (pal_hpc.integrations) are tested in .venv too.
+# The framework integrations (pal_hpc.integrations) and LockstepAgents' multi-agent
+# envs are tested in .venv too.
 EXTRAS_STAMP := $(VENV)/.stamp-extras
-EXTRAS_REQS  := requirements-sb3.txt requirements-torchrl.txt
+EXTRAS_REQS  := requirements-sb3.txt requirements-torchrl.txt requirements-multiagent.txt
 # The documentation site's tools (make docs) and tensorboard (--tensorboard).
 DOCS_STAMP   := $(VENV)/.stamp-docs
 DOCS_REQS    := requirements-docs.txt requirements-tensorboard.txt

@@ -105,6 +105,7 @@ setup(
         "tensorboard": ["tensorboard>=2.21,<3"],
         "sb3": ["stable-baselines3>=2.9,<3"],
         "torchrl": ["torchrl>=0.14.1,<0.15", "tensordict>=0.14.3,<0.15"],
+        "multiagent": ["pettingzoo>=1.27,<2", "magent2>=0.3.4,<0.4"],
     },
     ext_modules=cythonize(
         extensions,
