@@ -24,7 +24,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from pal_hpc.envs.lockstep_api import LockstepAPI
 from pal_hpc.envs.lockstep_errors import raise_failures
 from pal_hpc.envs.lockstep_procs import (
-    Memory, exit_reason, pid_dead, start_workers, track, worker_cores,
+    Memory, exit_reason, master_broadcast, pid_dead, start_workers, track, worker_cores,
 )
 from pal_hpc.envs.lockstep_protocol import (
     Backoff, Layout, LockstepError, Master, Views, check_master_envs,
@@ -170,9 +170,10 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
             raise ValueError(f"env_fns: {n} environments for {workers} worker ranks; "
                              f"every worker rank needs at least one")
         master_envs = check_master_envs(master_envs, n, workers)
-        self = layout = spaces = failed = None
-        if rank == 0:
-            envs = []
+        self, envs = None, []
+
+        def build():                     # rank 0: the master's envs and the layout
+            nonlocal self
             try:
                 self = cls.__new__(cls)
                 VectorEnv.__init__(self)
@@ -184,18 +185,14 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
                 self._describe(envs[0], n)
                 if not master_envs:
                     envs[0].close()
-                layout = self._layout(workers, info_bytes, master_envs)
-                spaces = (self.single_observation_space, self.single_action_space)
-            except BaseException as exc:
-                # The workers wait in the bcast below: tell them, then raise here.
+                return (self._layout(workers, info_bytes, master_envs),
+                        (self.single_observation_space, self.single_action_space))
+            except BaseException:
                 for env in envs:
                     env.close()
-                comm.bcast((None, f"{type(exc).__name__}: {exc}"), root=0)
                 raise
-        layout, spaces = comm.bcast((layout, spaces), root=0)
-        if layout is None:
-            raise RuntimeError(f"LockstepVectorEnv.attach: the master (rank 0) could not "
-                               f"build its environments ({spaces}); see rank 0's traceback")
+
+        layout, spaces = master_broadcast(comm, build, "LockstepVectorEnv.attach")
         backoff = backoff or Backoff.for_processes(size)
         shared = allocate_shared(comm, layout.nbytes)
         views = Views(layout, shared.array)

@@ -25,7 +25,7 @@ from pal_hpc.envs.lockstep_agent_share import AgentRows, PolicyShare
 from pal_hpc.envs.lockstep_api import LockstepAPI
 from pal_hpc.envs.lockstep_errors import exception_for
 from pal_hpc.envs.lockstep_procs import (
-    Memory, exit_reason, pid_dead, start_workers, track, worker_cores,
+    Memory, exit_reason, master_broadcast, pid_dead, start_workers, track, worker_cores,
 )
 from pal_hpc.envs.lockstep_protocol import (
     OP_CALL, OP_STEP, Backoff, Layout, LockstepError, Master, Views, error_record, read_out,
@@ -152,21 +152,16 @@ class LockstepAgents:
         from pal_hpc.envs.lockstep_share import serve
 
         rank, workers = comm.Get_rank(), comm.Get_size() - 1
-        self = layout = rows = fns = None
-        if rank == 0:
+        self = fns = None
+
+        def build():                     # rank 0: the env, the agents' rows, the layout
+            nonlocal self, fns
             self = cls.__new__(cls)
             self._init_state()
-            try:
-                env = env_fn()
-                fns, layout = self._describe(env, policy_fns, workers, master_agents)
-                rows = self.rows
-            except BaseException as exc:     # the workers wait in the bcast: tell them
-                comm.bcast((None, f"{type(exc).__name__}: {exc}"), root=0)
-                raise
-        layout, rows = comm.bcast((layout, rows), root=0)
-        if layout is None:
-            raise RuntimeError(f"LockstepAgents.attach: the master (rank 0) could not "
-                               f"start ({rows}); see rank 0's traceback")
+            fns, layout = self._describe(env_fn(), policy_fns, workers, master_agents)
+            return layout, self.rows
+
+        layout, rows = master_broadcast(comm, build, "LockstepAgents.attach")
         backoff = backoff or Backoff.for_processes(workers + 1)
         shared = allocate_shared(comm, layout.nbytes)
         views = Views(layout, shared.array)

@@ -203,6 +203,25 @@ def exit_reason(proc) -> str | None:
         f"exited with status {code}"
 
 
+def master_broadcast(comm, build, who: str):
+    """Collective over `comm`: rank 0 calls `build()` and every rank gets its result.
+    If `build` raises, rank 0 re-raises and every other rank raises RuntimeError naming
+    rank 0's error -- nobody is left waiting in the broadcast."""
+    if comm.Get_rank() == 0:
+        try:
+            value = build()
+        except BaseException as exc:
+            comm.bcast((False, f"{type(exc).__name__}: {exc}"), root=0)
+            raise
+        comm.bcast((True, value), root=0)
+        return value
+    ok, value = comm.bcast(None, root=0)
+    if not ok:
+        raise RuntimeError(f"{who}: the master (rank 0) could not start ({value}); "
+                           "see rank 0's traceback")
+    return value
+
+
 def pid_dead(pid: int) -> str | None:
     """Why process `pid` cannot answer (None while it runs)."""
     try:
