@@ -84,3 +84,39 @@ def test_bf16_dqn_nature_cnn_gradient():
 def test_bad_precision_names_the_field(name):
     with pytest.raises(ConfigError, match="precision"):
         ALGOS[name][1](precision="fp16").validate()
+
+
+def test_bf16_outputs_keep_fp32_resolution_at_large_values():
+    """The last layer runs in fp32 under bf16 (nets.output_linear): Q-values near -500
+    (TD3 on Pendulum) keep their fractional part, where bf16 would round them to a
+    multiple of 2, and Pong-sized Q-values (about -1.3) keep the greedy action."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    obs = torch.as_tensor(rng.standard_normal((256, 3)).astype(np.float32))
+    act = torch.as_tensor(rng.uniform(-1, 1, (256, 2)).astype(np.float32))
+    td3 = build("td3", "bf16")
+    critic = td3.critics[0]
+    with torch.no_grad():
+        critic.mlp.layers[-1].bias.fill_(-500.0)
+        q32 = critic(obs, act)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            q16 = critic(obs, act)
+    assert q16.dtype == torch.float32
+    assert (q16 - q32).abs().max() < 0.1                    # bf16 output: up to 1
+    assert len(torch.unique(q16)) > 200                      # not on a grid of 2s
+
+    dqn = DQN(FRAMES, gym.spaces.Discrete(6), DQNConfig(dueling=True, precision="bf16"),
+              seed=1)
+    frames = torch.as_tensor(rng.integers(0, 256, (64, *FRAMES.shape), dtype=np.uint8))
+    with torch.no_grad():
+        dqn.online.value.bias.fill_(-1.3)
+        dqn.online.advantage.weight.mul_(0.05)              # small action gaps
+        q32 = dqn.online(frames)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            q16 = dqn.online(frames)
+    assert q16.dtype == torch.float32
+    gaps = q32.sort(dim=1).values
+    assert (gaps[:, -1] - gaps[:, -2]).median() < 0.0078     # finer than bf16 near -1.3
+    assert (q16 - q32).abs().max() < 0.0039
+    assert (q16.argmax(1) == q32.argmax(1)).float().mean() >= 0.95

@@ -30,7 +30,7 @@ from torch import nn
 from pal_hpc.algos.cnn import KINDS as CNN_KINDS
 from pal_hpc.algos.base import AlgoConfig, NetworkPolicy, OnePhaseAlgorithm
 from pal_hpc.algos.nets import (PRECISIONS, FlatParams, MLPTorso, autocast, is_image,
-                                precision_option, seeded, torso)
+                                output_linear, precision_option, seeded, torso)
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.options import option as _f
 
@@ -131,10 +131,13 @@ class QNetwork(nn.Module):
             # about a tenth of a small network's forward pass.
             for layer in self._linears:
                 z = torch.relu(F.linear(z, layer.weight, layer.bias))
+        # The heads in fp32 under bf16 autocast too (`nets.output_linear`: bf16 Q-values
+        # are coarser than the action gaps).
         if not self.dueling:
-            return F.linear(z, self.head.weight, self.head.bias)
-        adv = self.advantage(z)
-        return self.value(z) + adv - adv.mean(dim=1, keepdim=True)
+            return output_linear(z, self.head.weight, self.head.bias)
+        adv = output_linear(z, self.advantage.weight, self.advantage.bias)
+        value = output_linear(z, self.value.weight, self.value.bias)
+        return value + adv - adv.mean(dim=1, keepdim=True)
 
 
 def epsilon_greedy(q_net: QNetwork, obs: torch.Tensor, epsilons, n_actions: int,

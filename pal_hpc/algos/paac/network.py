@@ -10,11 +10,10 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pal_hpc.algos.base import NetworkPolicy
-from pal_hpc.algos.nets import is_image, torso
+from pal_hpc.algos.nets import is_image, output_linear, torso
 
 
 class ActorCritic(nn.Module):
@@ -47,13 +46,14 @@ class ActorCritic(nn.Module):
         """(logits (B, n_actions), values (B,)) of a batch of observations."""
         z = self.trunk(obs)
         zv = z if self.value_trunk is None else self.value_trunk(obs)
-        return (F.linear(z, self.policy.weight, self.policy.bias),
-                F.linear(zv, self.value.weight, self.value.bias).squeeze(-1))
+        # The heads in fp32 under bf16 autocast too (nets.output_linear).
+        return (output_linear(z, self.policy.weight, self.policy.bias),
+                output_linear(zv, self.value.weight, self.value.bias).squeeze(-1))
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         """The policy's logits alone (acting needs no value; with separate torsos this
         skips the value torso)."""
-        return F.linear(self.trunk(obs), self.policy.weight, self.policy.bias)
+        return output_linear(self.trunk(obs), self.policy.weight, self.policy.bias)
 
 
 def sample_actions(logits: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
