@@ -34,6 +34,8 @@ which draws OUT/scaling.png with the predictions beside the measurements.
                                   [--split auto|default] [--out DIR] [--to-target K]
     python bench/bench_scaling.py --quick        # -n 1 and 2, 8 s each
     python bench/bench_scaling.py -- --algo td3 --env Pendulum-v1     # other flags
+    python bench/bench_scaling.py --nps 4 --virtual '' --learners 1,2,3 -- --algo td3 \
+        --env Pendulum-v1                    # every split of -n 4, each beside its prediction
 """
 
 from __future__ import annotations
@@ -109,15 +111,19 @@ def plan_cli(np_: int, rpn: int, extra: list[str], timeout: float) -> dict:
     return json.loads(out.stdout)
 
 
-def run_row(np_: int, rpn: int, args, out: Path) -> dict:
-    name = f"np{np_}" + (f"-rpn{rpn}" if rpn else "")
+def run_row(np_: int, rpn: int, args, out: Path, learners: int = 0) -> dict:
+    """One run; `learners` > 0 fixes the learners per node (the start-up planner then
+    predicts that one split)."""
+    name = f"np{np_}" + (f"-rpn{rpn}" if rpn else "") + (f"-L{learners}" if learners else "")
     run_dir = out / name
     flags = ["--total-steps", str(10**9), "--wall-time", str(args.wall), "--eval-every", "0",
              "--eval-episodes", "1", "--progress-every", "1000", "--run-dir", str(run_dir),
              "--overwrite", "--no-checkpoint-replay"]
     flags += ["--ranks-per-node", str(rpn)] if rpn else []
     predicted = None
-    if args.split == "default":
+    if learners:
+        flags += ["--learners-per-node", str(learners), "--actors-per-node", "auto"]
+    elif args.split == "default":
         predicted = plan_cli(np_, rpn, args.extra, timeout=300)["default"]
     else:
         flags += AUTO
@@ -213,6 +219,10 @@ def main() -> int:
                     help="N:K rows run at -n N with --ranks-per-node K ('' for none)")
     ap.add_argument("--wall", type=float, default=20.0, help="seconds of training per row")
     ap.add_argument("--split", choices=("auto", "default"), default="auto")
+    ap.add_argument("--learners", default="",
+                    help="comma-separated learners per node: one row per count (below the "
+                         "node size) at each -n instead of one planned row, each beside "
+                         "the planner's prediction of that split")
     ap.add_argument("--out", type=Path, default=None,
                     help="directory for the runs, scaling.json and scaling.png "
                          "(default: a new one under bench/results/)")
@@ -230,14 +240,18 @@ def main() -> int:
     print(f"scaling on {len(os.sched_getaffinity(0))} cores, {args.wall:g} s per "
           f"row, {args.split} split {' '.join(args.extra)}; runs in {out}", flush=True)
     rows = []
+    counts = [int(n) for n in args.learners.split(",") if n]
     for np_, rpn in shapes:
-        rows.append(run_row(np_, rpn, args, out))
-        print(f"  ran -n {np_}{f' --ranks-per-node {rpn}' if rpn else ''}: "
-              f"{rows[-1]['split']}", flush=True)
+        size = rpn or np_
+        for learners in [n for n in counts if n < size] if counts and size > 1 else [0]:
+            rows.append(run_row(np_, rpn, args, out, learners))
+            print(f"  ran -n {np_}{f' --ranks-per-node {rpn}' if rpn else ''}: "
+                  f"{rows[-1]['split']}", flush=True)
     if rows:
         print()
         print_rows(rows)
-    report = {"rows": rows, "split": args.split, "wall_s": args.wall, "extra": args.extra}
+    report = {"rows": rows, "split": args.split, "learners": counts, "wall_s": args.wall,
+              "extra": args.extra}
     if args.to_target:
         report["to_target"] = to_target(args.to_target, timeout=900)
     (out / "scaling.json").write_text(json.dumps(report, indent=1))

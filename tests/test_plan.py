@@ -19,7 +19,7 @@ from pal_hpc.plan import (TIE, Layout, Prediction, Rates, all_splits, candidate_
                           default_split, fair_share, layout_from_table, make_plan,
                           others_from_share,
                           predict, recommend, split_from_checkpoint, sync_time)
-from pal_hpc.plan.model import update_time
+from pal_hpc.plan.model import gang_time, update_time
 
 from conftest import ROOT, mpi_env, pal_cmd
 
@@ -160,6 +160,30 @@ def test_sync_time_interpolates_in_log2():
     assert sync_time(pts, 2) == 1.0 and sync_time(pts, 4) == 3.0
     assert close(sync_time(pts, 3), 1.0 + 2.0 * (math.log2(3) - 1))
     assert close(sync_time(pts, 8), 3.0 * 3 / 2)             # beyond: in proportion to log2
+
+
+def test_gang_time_is_a_floor_under_the_learners_update():
+    """TD3-like rates on 2 cores: u(128) = 7 ms, u(86) = 5.5 ms; measured g: 2 learners
+    10 ms per update, 3 learners 16.5 ms (two compute, then the third).  Fair shares
+    alone would pick 3 learners; the floor picks 2."""
+    rates = Rates(actor_step_s=6e-5, update_s=12e-3, phases_per_update=1.5,
+                  sync_s=((2, 1.4e-3), (3, 1.8e-3)),
+                  update_by_rows=((32, 4e-3), (64, 4.5e-3), (128, 7e-3), (256, 12e-3)))
+    gang = dataclasses.replace(rates, gang_s=((2, 10e-3), (3, 16.5e-3)))
+    assert gang_time(gang, 1) == 0.0 and gang_time(rates, 3) == 0.0
+    assert close(gang_time(gang, 3), 16.5e-3) and close(gang_time(gang, 8), 16.5e-3)
+    assert close(gang_time(dataclasses.replace(gang, gang_s=((2, 1.0), (4, 3.0))), 3), 2.0)
+    layout = one_node(4, 2)
+    without = [predict(layout, (n,), rates, 256, 256.0, split=True) for n in (1, 2, 3)]
+    floored = [predict(layout, (n,), gang, 256, 256.0, split=True) for n in (1, 2, 3)]
+    assert close(floored[0].updates_per_s, without[0].updates_per_s)   # 1 learner: no floor
+    assert floored[2].updates_per_s <= 1 / 16.5e-3 * (1 + 1e-6)
+    assert floored[1].updates_per_s <= 1 / 10e-3 * (1 + 1e-6)
+    assert recommend(without).total_learners == 3
+    assert recommend(floored).total_learners == 2
+    plan = make_plan(layout, gang, 256, 256.0, split=True)
+    assert plan["split"] == {"4": [2, 2]} and plan["inputs"]["gang_s"] == {"2": 10e-3,
+                                                                           "3": 16.5e-3}
 
 
 def test_bad_splits_are_refused():
@@ -340,6 +364,7 @@ def test_plan_cli_prints_every_split_and_the_recommendation():
     assert "(default split)" in rows[0]
     assert "a = actor per env step" in out.stdout and "u = learner update" in out.stdout
     assert "2 learners" in out.stdout.split("r = Allreduce per phase")[1].splitlines()[0]
+    assert "3 learners" in out.stdout.split("g = update of L learners")[1].splitlines()[0]
     assert any(line.startswith("recommended: ") for line in lines)
 
 
@@ -362,6 +387,18 @@ def test_plan_cli_json_and_errors():
 
 
 @pytest.mark.mpi
+def test_the_gang_probe_times_learners_computing_together():
+    """Two ranks each burn 5 ms of CPU per update (TD3's phases: 1, then 2) and reduce
+    every phase: an update cannot take less wall time than its CPU work."""
+    from pal_hpc.plan.probe import measure_sync_here
+
+    sync, gang = measure_sync_here([2], 1000, {2: 5e-3}, [1, 2])
+    assert set(sync) == set(gang) == {2}
+    assert sync[2] > 0 and gang[2] >= 0.95 * 5e-3
+    assert measure_sync_here([2], 1000)[1] == {}             # no work given: no gang
+
+
+@pytest.mark.mpi
 def test_a_run_planned_at_start_up_records_the_plan(tmp_path):
     run_dir = tmp_path / "run"
     cmd = pal_cmd(3, run_dir, "--actors-per-node", "auto", "--learners-per-node", "auto",
@@ -378,6 +415,7 @@ def test_a_run_planned_at_start_up_records_the_plan(tmp_path):
     assert plan["env_steps_per_s"] > 0 and plan["updates_per_s"] > 0
     assert plan["source"] == "measured" and plan["inputs"]["node_sizes"] == [3]
     assert set(plan["inputs"]["sync_s"]) == {"2"}            # 2 learners was a candidate
+    assert set(plan["inputs"]["gang_s"]) == {"2"}
     assert len(plan["table"]) == 2
     assert plan["measured"]["env_steps_per_s"] == pytest.approx(
         summary["env_steps"] / summary["wall_s"])

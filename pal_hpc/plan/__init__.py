@@ -14,8 +14,10 @@ algorithm (paac) has no such split: it is refused.
 The modules, each importing only those above it in this list:
 - `model`: the pure model (Rates, Layout, predict, recommend, make_plan); its docstring
   holds the equations.
-- `measure`: what one actor and one learner cost here (measure_rates), the Allreduce
-  among L learners (measure_sync); its docstring says what is measured and how.
+- `measure`: what one actor and one learner cost here (measure_rates); its docstring
+  says what each input is and how it is measured.
+- `probe`: the measurements among ranks: the Allreduce among L learners
+  (measure_sync) and L learners updating at once (measure_gang).
 - `startup`: the collective plan at start-up (plan_at_startup), called by pal_hpc.main
   before the roles are assigned.
 - `cli` (and `__main__`): `python -m pal_hpc.plan`.
@@ -28,10 +30,11 @@ which gets its result to the run as plain data (`Topology.plan`).
 
 from pal_hpc.plan.model import (TIE, Layout, Prediction, Rates, all_splits,
                                 candidate_learners, default_split, fair_share, make_plan,
-                                others_from_share, predict, recommend, sync_time)
+                                gang_time, others_from_share, predict, recommend,
+                                sync_time)
 from pal_hpc.plan.startup import layout_from_table, plan_at_startup, split_from_checkpoint
 
 __all__ = ["TIE", "Layout", "Prediction", "Rates", "all_splits", "candidate_learners",
-           "default_split", "fair_share", "layout_from_table", "make_plan",
+           "default_split", "fair_share", "gang_time", "layout_from_table", "make_plan",
            "others_from_share", "plan_at_startup", "predict", "recommend",
            "split_from_checkpoint", "sync_time"]

@@ -10,8 +10,8 @@ import os
 import sys
 
 from pal_hpc.config import ConfigError
-from pal_hpc.plan.measure import (_sync_probe_main, details, measure_rates,
-                                  measure_sync_here, sync_counts)
+from pal_hpc.plan.measure import details, gang_work, measure_rates
+from pal_hpc.plan.probe import _sync_probe_main, measure_sync_here, sync_counts
 from pal_hpc.plan.model import Layout, _n, all_splits, make_plan, others_from_share
 
 
@@ -22,6 +22,9 @@ def format_plan(plan: dict, title: str) -> str:
     us = lambda s: f"{s * 1e6:,.1f} us" if s < 1e-3 else f"{s * 1e3:,.2f} ms"  # noqa: E731
     sync = ", ".join(f"{n} learners {us(s)}" for n, s in
                      sorted(((int(n), s) for n, s in inp["sync_s"].items()))) or "not needed"
+    gang = ", ".join(f"{n} learners {us(s)}" for n, s in
+                     sorted(((int(n), s) for n, s in inp.get("gang_s", {}).items()))) \
+        or "not measured"
     lines = [title,
              f"measured (median CPU time, {inp.get('measure_s', 0):.1f} s): env step "
              f"{us(inp['env_step_s'])}, policy forward on {inp['envs_per_actor']} obs "
@@ -29,6 +32,7 @@ def format_plan(plan: dict, title: str) -> str:
              f"  a = actor per env step {us(inp['actor_step_s'])};  u = learner update "
              f"{us(inp['update_s'])} ({inp['phases_per_update']:g} phase(s), {inp['device']})",
              f"  r = Allreduce per phase (wall, learners polling it every 20 us): {sync}",
+             f"  g = update of L learners at once (wall, each computing its u): {gang}",
              f"  cores: {', '.join(f'{c:g}' for c in inp['host_cores'])} (os.sched_getaffinity)"
              f";  batch {inp['batch_size']}, replay ratio {inp['replay_ratio']:g}",
              f"  other programs: {', '.join(f'{x:.1f}' for x in inp['host_others'])} busy "
@@ -53,6 +57,9 @@ def format_plan(plan: dict, title: str) -> str:
     lines += ["", f"recommended: {plan['describe']}{flags}: predicted "
                   f"{plan['env_steps_per_s']:,.0f} env steps/s, {plan['updates_per_s']:,.1f} "
                   f"updates/s, limited by the {plan['bottleneck']}",
+              "(ranked by updates/s: with the split batch every split takes the same "
+              "updates per env step, so the most updates/s is the least time per env step)"
+              if inp["learner_batch"] == "split" else
               "(ranked by updates/s: more learners average more batches per update, so "
               "updates per env step fall; the model does not predict learning speed)"]
     return "\n".join(lines)
@@ -117,10 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"pal_hpc.plan: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    measured.sync_s = measure_sync_here(sync_counts(layout, splits), measured.gradient_floats)
+    counts = sync_counts(layout, splits)
+    split = cfg.learner_batch == "split"
+    # The gang measurement is of CPU learners sharing cores; a GPU learner's u is wall time.
+    work = (gang_work(measured, counts, cfg.batch_size, split)
+            if measured.device == "cpu" else None)
+    measured.sync_s, measured.gang_s = measure_sync_here(
+        counts, measured.gradient_floats, work, measured.phase_counts)
     plan = make_plan(layout, measured.rates(), cfg.batch_size, cfg.replay_ratio,
                      cfg.actors_per_node, cfg.learners_per_node,
-                     split=cfg.learner_batch == "split")
+                     split=split)
     plan["inputs"].update(details(measured), envs_per_actor=cfg.envs_per_actor)
     plan["source"] = "measured"
     if ns.json:

@@ -21,26 +21,27 @@ What is measured (median over repetitions of CPU time, this process alone)
   for the learner counts the candidates need, among the job's own ranks at start-up
   (learners spread over the nodes as the roles will be) or a helper `mpiexec` job in
   the CLI.  Between measured counts it is interpolated in log2(L).
+- g(L): wall seconds per update of L learners working at once, in the same places: each
+  burns its u on its share of the batch (CPU time, spinning) and ends every phase with
+  that Allreduce.  On fewer free cores than learners the phases end one after another
+  (a phase ends at the last learner's gradient; a reduction waits for a member that
+  is not running), which u and r(L) measured apart do not show: TD3 at -n 4 on 2
+  cores took 16.5 ms per update with 3 learners of 86 rows and 10.2 ms with 2 of 128.
 - C_h: cores of host h (`os.sched_getaffinity`, the union over the host's ranks).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from pal_hpc.config import ConfigError
-from pal_hpc.plan.model import Layout, Rates
-# How long an idle rank sleeps, and one whose learner waits for an Allreduce.
+from pal_hpc.plan.model import Rates
+# How long an idle rank sleeps between loop turns.
 from pal_hpc.runtime.pacing import IDLE_SLEEP as SLEEP_S
-from pal_hpc.runtime.pacing import REDUCING_SLEEP
 
 STEADY_STEPS = 1e12                         # global steps: past every exploration schedule
 
@@ -65,11 +66,14 @@ class Measured:
     measure_s: float
     sync_s: dict[int, float] = field(default_factory=dict)
     update_by_rows: dict[int, float] = field(default_factory=dict)   # u at each share
+    phase_counts: list[int] = field(default_factory=lambda: [1])     # phases per update
+    gang_s: dict[int, float] = field(default_factory=dict)   # L learners at once (wall)
 
     def rates(self) -> Rates:
         return Rates(self.actor_step_s, self.update_s, self.phases_per_update,
                      tuple(sorted(self.sync_s.items())), self.wake_s / self.sleep_s,
-                     tuple(sorted(self.update_by_rows.items())))
+                     tuple(sorted(self.update_by_rows.items())),
+                     tuple(sorted(self.gang_s.items())))
 
 
 def _time_calls(fn, budget_s: float, target_block_s: float = 0.01, multiple: int = 1,
@@ -232,6 +236,7 @@ def measure_rates(cfg, budget_s: float = 3.0, max_replay_bytes: int = 64 << 20) 
         actor_step_s=actor_step_s + loop_s / cfg.envs_per_actor,
         update_s=update_s + phases * loop_s, phases_per_update=phases,
         update_by_rows={r: t + phases * loop_s for r, t in by_rows.items()},
+        phase_counts=phase_period([len(ps) for ps in phase_lists]),
         gradient_floats=int(send.size), env_step_s=env_step_s, forward_s=forward_s,
         insert_s=insert_s, loop_s=loop_s, wake_s=wake_s, sleep_s=sleep_s,
         cpu_share=min(1.0, (actor_step_s / actor_wall + update_cpu / update_wall) / 2),
@@ -266,94 +271,29 @@ def _loop_costs(replay, actor, budget_s: float) -> tuple[float, float, float]:
     return wake_cpu, max(0.0, wake_cpu - bare_cpu), wall
 
 
-def sync_counts(layout: Layout, splits: list[tuple[int, ...]], most: int = 12) -> list[int]:
-    """The total learner counts (>= 2) whose Allreduce to measure: all of them when
-    few, else `most` spread evenly in log2 (the rest are interpolated)."""
-    counts = sorted({sum(s) for s in splits if sum(s) >= 2})
-    if len(counts) <= most:
-        return counts
-    picks = {counts[0], counts[-1]}
-    for i in range(1, most - 1):
-        target = counts[0] * (counts[-1] / counts[0]) ** (i / (most - 1))
-        picks.add(min(counts, key=lambda c: abs(math.log2(c) - math.log2(target))))
-    return sorted(picks)
+def phase_period(phase_counts: list[int]) -> list[int]:
+    """The shortest repeating prefix of the phases per update ([1, 2, 1, 2] -> [1, 2])."""
+    for p in range(1, len(phase_counts) + 1):
+        if all(c == phase_counts[i % p] for i, c in enumerate(phase_counts)):
+            return phase_counts[:p]
+    return phase_counts
 
 
-def measure_sync(comm, counts: list[int], floats: int, order: list[int] | None = None,
-                 reps: int = 8) -> dict[int, float]:
-    """Collective over `comm`: for each L in `counts`, the first L ranks of `order`
-    (default: by rank) post `reps` Iallreduces of `floats` float32 and poll each as a
-    learner does (Test, else a short sleep); the others sleep meanwhile.  Returns, on
-    rank 0 of `comm` (which must be first in `order`), {L: the slowest member's median
-    seconds per Allreduce}; {} elsewhere."""
-    from mpi4py import MPI
+def gang_work(m: "Measured", counts: list[int], batch_size: int, split: bool
+              ) -> dict[int, float]:
+    """CPU-seconds per update of each learner among L (for measure_gang): u on the
+    learner's share with the split batch, u on the whole batch without it."""
+    from pal_hpc.plan.model import update_time
 
-    from pal_hpc.cluster.collectives import wait_all
-
-    rank, size = comm.Get_rank(), comm.Get_size()
-    order = list(range(size)) if order is None else list(order)
-    send = np.ones(floats + 3, np.float32)     # + the learner's three vote slots
-    recv = np.empty_like(send)
-    out = {}
-    for n in counts:
-        if n > size:
-            continue
-        members = order[:n]
-        mine = rank in members
-        sub = comm.Split(0 if mine else MPI.UNDEFINED, members.index(rank) if mine else 0)
-        median = 0.0
-        if mine:
-            times = []
-            for _ in range(reps + 1):              # the first warms up
-                t0 = time.perf_counter()
-                req = sub.Iallreduce(send, recv, op=MPI.SUM)
-                while not req.Test():
-                    time.sleep(REDUCING_SLEEP)
-                times.append(time.perf_counter() - t0)
-            sub.Free()
-            median = statistics.median(times[1:])
-        wait_all(comm)
-        medians = comm.gather(median if mine else None, root=0)
-        if rank == 0:
-            out[n] = max(m for m in medians if m is not None)
-    return out
-
-
-def _sync_probe_main() -> None:
-    """`mpiexec -n N python -m mpi4py -m pal_hpc.plan --sync-probe COUNTS FLOATS`:
-    rank 0 prints measure_sync's JSON."""
-    from mpi4py import MPI
-
-    counts = [int(c) for c in sys.argv[2].split(",") if c]
-    result = measure_sync(MPI.COMM_WORLD, counts, int(sys.argv[3]))
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print(json.dumps({str(k): v for k, v in result.items()}), flush=True)
-
-
-def measure_sync_here(counts: list[int], floats: int, timeout: float = 120.0) -> dict[int, float]:
-    """measure_sync in a helper mpiexec job on this host (the CLI runs outside MPI)."""
-    from pal_hpc.cluster.launch import mpi_env, mpiexec
-
-    if not counts:
-        return {}
-    cmd = mpiexec(max(counts), "-m", "pal_hpc.plan", "--sync-probe",
-                  ",".join(map(str, counts)), str(floats))
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                             env=mpi_env())
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the Allreduce probe ({' '.join(cmd)}) did not finish within "
-                           f"{timeout:.0f} s") from None
-    lines = out.stdout.strip().splitlines()
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"the Allreduce probe failed (exit {out.returncode}): "
-                           f"{(out.stderr or out.stdout)[-1500:]}")
-    return {int(k): float(v) for k, v in json.loads(lines[-1]).items()}
+    rates = m.rates()
+    return {n: update_time(rates, -(-batch_size // n) if split else batch_size)
+            for n in counts}
 
 
 def details(m: Measured) -> dict:
     """The measurements that are not model inputs, for the record."""
     d = asdict(m)
-    for key in ("actor_step_s", "update_s", "phases_per_update", "sync_s", "update_by_rows"):
+    for key in ("actor_step_s", "update_s", "phases_per_update", "sync_s", "update_by_rows",
+                "gang_s"):
         d.pop(key)
     return d

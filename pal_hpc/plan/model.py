@@ -25,7 +25,13 @@ host h: c_h = min(1, C_h / (X_h + B_h)), B_h = the sum over the host's ranks of 
 busy fraction b + (1 - b) * w, b = min(1, U * d / c_h) (asleep, a rank still wakes),
 X_h the busy processes of other programs (the largest fixed point).  U is the largest rate at which every rank's second holds its work:
 
-    U * (d / c_h + z) <= 1                              for every rank
+    U * max(d / c_h + z, g) <= 1                        for every rank
+
+where g = g(L), measured, for a learner (0 for an actor): the wall time per update of
+the L learners computing and reducing at once where the roles put them.  Fair shares
+assume the cores' time is divided finely; learners whose phases are a few ms long are
+not -- with 3 learners on 2 cores, two compute, the third after them, and every phase
+waits for it -- and g holds that.
 
 With free cores (c = 1) that is U = min(1 / (u + P r), A_n / (k_n a), solo 1 / (k_n a
 + u + P r)); when every rank is busy and ranks outnumber cores it becomes the cores'
@@ -80,6 +86,9 @@ class Rates:
     # (rows, u(rows)): a learner's seconds per update on a share of `rows` transitions
     # (--learner-batch split); interpolated in rows, update_s where nothing was measured.
     update_by_rows: tuple[tuple[int, float], ...] = ()
+    # (L, g(L)): wall seconds per update of L learners working at once where the roles
+    # put them (measure_gang); a floor under the learners' time per update.
+    gang_s: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,21 @@ def sync_time(sync_s: tuple[tuple[int, float], ...], learners: int) -> float:
     return s0 * math.log2(learners) / math.log2(n0)
 
 
+def gang_time(rates: Rates, learners: int) -> float:
+    """g(L): the measured wall seconds per update of `learners` learners at once; 0
+    (no floor) for one learner or when nothing was measured.  Linear in L between
+    measured counts, the nearest measured count's value outside them."""
+    points = sorted((n, g) for n, g in rates.gang_s if n >= 2)
+    if learners <= 1 or not points:
+        return 0.0
+    if learners <= points[0][0]:
+        return points[0][1]
+    for (n0, g0), (n1, g1) in zip(points, points[1:]):
+        if n0 <= learners <= n1:
+            return g0 + (learners - n0) / (n1 - n0) * (g1 - g0)
+    return points[-1][1]
+
+
 def update_time(rates: Rates, rows: int) -> float:
     """u(rows): a learner's seconds per update on `rows` transitions, linear in rows
     between the measured shares (clamped at the ends); `update_s` without them."""
@@ -178,30 +202,33 @@ def predict(layout: Layout, learners: tuple[int, ...], rates: Rates, batch_size:
     else:
         k = [n * batch_size / replay_ratio for n in learners]
     sync = rates.phases_per_update * sync_time(rates.sync_s, total_learners)
-    # Rank groups: (host, ranks, CPU-seconds per update of each, sleep per update, kind).
+    gang = gang_time(rates, total_learners)
+    # Rank groups: (host, ranks, CPU-seconds per update of each, sleep per update, kind,
+    # the least wall seconds per update: g(L) for learners, 0 for actors).
     groups = []
     for host, size, kn, n, an in zip(layout.hosts, layout.sizes, k, learners, actors):
         if size == 1:
             groups.append((host, 1, kn * a + u, sync, "learners" if u + sync >= kn * a
-                           else "actors"))
+                           else "actors", gang))
         else:
-            groups.append((host, n, u, sync, "learners"))
-            groups.append((host, an, kn * a / an, 0.0, "actors"))
+            groups.append((host, n, u, sync, "learners", gang))
+            groups.append((host, an, kn * a / an, 0.0, "actors", 0.0))
     cores = layout.cores
     others = layout.others or (0.0,) * len(cores)
-    hi = min(1.0 / (d + z) for _, _, d, z, _ in groups)        # every rank on a free core
+    hi = min(1.0 / max(d + z, f) for _, _, d, z, _, f in groups)   # every rank on a free core
 
     def shares(rate: float, limited: bool = True) -> list[float]:
         if not limited:
             return [1.0] * len(cores)
-        return [fair_share([(rate * d, m) for g, m, d, _, _ in groups if g == h], c_h,
+        return [fair_share([(rate * d, m) for g, m, d, _, _, _ in groups if g == h], c_h,
                            others[h], rates.idle_cpu) for h, c_h in enumerate(cores)]
 
     def slack(rate: float, limited: bool = True) -> list[float]:
         # Per group: 1 - the fraction of a second its ranks need (computing at their
-        # share, plus sleeping in the Allreduce); negative = infeasible.
+        # share, plus sleeping in the Allreduce, at least g(L) for learners); negative =
+        # infeasible.
         c = shares(rate, limited)
-        return [1.0 - rate * (d / c[g] + z) for g, _, d, z, _ in groups]
+        return [1.0 - rate * max(d / c[g] + z, f) for g, _, d, z, _, f in groups]
 
     def best_rate(limited: bool) -> float:
         lo, top = 0.0, hi
@@ -364,6 +391,7 @@ def make_plan(layout: Layout, rates: Rates, batch_size: int, replay_ratio: float
                        "batch_size": batch_size, "replay_ratio": replay_ratio,
                        "learner_batch": "split" if split else "full",
                        "update_by_rows": {str(r): t for r, t in rates.update_by_rows},
+                       "gang_s": {str(n): g for n, g in rates.gang_s},
                        "node_sizes": list(layout.sizes), "node_hosts": list(layout.hosts),
                        "host_cores": list(layout.cores),
                        "host_others": list(layout.others or (0.0,) * len(layout.cores))}}

@@ -8,7 +8,8 @@ import json
 import os
 
 from pal_hpc.config import ConfigError
-from pal_hpc.plan.measure import details, measure_rates, measure_sync, sync_counts
+from pal_hpc.plan.measure import details, gang_work, measure_rates
+from pal_hpc.plan.probe import measure_gang, measure_sync, sync_counts
 from pal_hpc.plan.model import AUTO, Layout, all_splits, make_plan, others_from_share
 
 
@@ -111,13 +112,21 @@ def plan_at_startup(world, cfg) -> dict | None:
         except ConfigError as exc:
             err = str(exc)
     wait_all(world)                           # the others sleep while rank 0 measures
-    err, floats = world.bcast((err, measured.gradient_floats if measured else 0), root=0)
+    counts = sync_counts(layout, splits)
+    split = cfg.learner_batch == "split"
+    work = phases = None
+    if measured is not None and measured.device == "cpu":     # see measure_gang
+        work = gang_work(measured, counts, cfg.batch_size, split)
+        phases = measured.phase_counts
+    err, floats, work, phases = world.bcast(
+        (err, measured.gradient_floats if measured else 0, work, phases), root=0)
     if err:
         raise ConfigError(err)
-    sync = measure_sync(world, sync_counts(layout, splits), floats, order)
+    sync = measure_sync(world, counts, floats, order)
+    gang = measure_gang(world, counts, floats, work, phases, order) if work else {}
     plan = None
     if rank == 0:
-        measured.sync_s = sync
+        measured.sync_s, measured.gang_s = sync, gang
         # Other programs' load is seen on rank 0's host (host 0) only.
         layout = dataclasses.replace(layout, others=tuple(
             others_from_share(c, measured.cpu_share) if h == 0 else 0.0
@@ -125,7 +134,7 @@ def plan_at_startup(world, cfg) -> dict | None:
         plan = make_plan(layout, measured.rates(), cfg.batch_size, cfg.replay_ratio,
                          cfg.actors_per_node, cfg.learners_per_node,
                          forced=kept[0] if kept else None,
-                         split=cfg.learner_batch == "split")
+                         split=split)
         plan["inputs"].update(details(measured), envs_per_actor=cfg.envs_per_actor)
         plan["source"] = f"checkpoint {kept[1]}" if kept else "measured"
         print(f"pal_hpc: plan: {plan['describe']}"
