@@ -10,7 +10,7 @@ import os
 import sys
 
 from pal_hpc.config import ConfigError
-from pal_hpc.plan.measure import details, gang_work, measure_rates
+from pal_hpc.plan.measure import details, gang_rows, measure_rates
 from pal_hpc.plan.probe import _sync_probe_main, measure_sync_here, sync_counts
 from pal_hpc.plan.model import Layout, _n, all_splits, make_plan, others_from_share
 
@@ -32,7 +32,7 @@ def format_plan(plan: dict, title: str) -> str:
              f"  a = actor per env step {us(inp['actor_step_s'])};  u = learner update "
              f"{us(inp['update_s'])} ({inp['phases_per_update']:g} phase(s), {inp['device']})",
              f"  r = Allreduce per phase (wall, learners polling it every 20 us): {sync}",
-             f"  g = update of L learners at once (wall, each computing its u): {gang}",
+             f"  g = update of L learners at once (wall, real updates on their shares): {gang}",
              f"  cores: {', '.join(f'{c:g}' for c in inp['host_cores'])} (os.sched_getaffinity)"
              f";  batch {inp['batch_size']}, replay ratio {inp['replay_ratio']:g}",
              f"  other programs: {', '.join(f'{x:.1f}' for x in inp['host_others'])} busy "
@@ -126,11 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     counts = sync_counts(layout, splits)
     split = cfg.learner_batch == "split"
-    # The gang measurement is of CPU learners sharing cores; a GPU learner's u is wall time.
-    work = (gang_work(measured, counts, cfg.batch_size, split)
-            if measured.device == "cpu" else None)
+    # g(L) is of CPU learners sharing cores (a GPU learner's u is its device's wall time).
+    rows = gang_rows(counts, cfg.batch_size, split) if measured.device == "cpu" else None
     measured.sync_s, measured.gang_s = measure_sync_here(
-        counts, measured.gradient_floats, work, measured.phase_counts)
+        counts, measured.gradient_floats, rest, rows, ranks=layout.ranks)
     plan = make_plan(layout, measured.rates(), cfg.batch_size, cfg.replay_ratio,
                      cfg.actors_per_node, cfg.learners_per_node,
                      split=split)

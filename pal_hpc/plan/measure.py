@@ -22,11 +22,14 @@ What is measured (median over repetitions of CPU time, this process alone)
   (learners spread over the nodes as the roles will be) or a helper `mpiexec` job in
   the CLI.  Between measured counts it is interpolated in log2(L).
 - g(L): wall seconds per update of L learners working at once, in the same places: each
-  burns its u on its share of the batch (CPU time, spinning) and ends every phase with
-  that Allreduce.  On fewer free cores than learners the phases end one after another
+  runs the algorithm's real update on its share of the batch (`UpdateStandIn`: every
+  phase's gradient on fixed random rows, the Allreduce, the optimizer step).  On fewer free cores than learners the phases end one after another
   (a phase ends at the last learner's gradient; a reduction waits for a member that
   is not running), which u and r(L) measured apart do not show: TD3 at -n 4 on 2
-  cores took 16.5 ms per update with 3 learners of 86 rows and 10.2 ms with 2 of 128.
+  cores took 19 ms per update with 3 learners of 86 rows and 10 ms with 2 of 128; a
+  learner's u is 4.4 and 6.7 ms alone.  (A CPU-burning stand-in for the work measured
+  11 ms for 3: time-sharing a core also costs its caches, which only the real
+  arithmetic shows.)
 - C_h: cores of host h (`os.sched_getaffinity`, the union over the host's ranks).
 """
 
@@ -66,7 +69,6 @@ class Measured:
     measure_s: float
     sync_s: dict[int, float] = field(default_factory=dict)
     update_by_rows: dict[int, float] = field(default_factory=dict)   # u at each share
-    phase_counts: list[int] = field(default_factory=lambda: [1])     # phases per update
     gang_s: dict[int, float] = field(default_factory=dict)   # L learners at once (wall)
 
     def rates(self) -> Rates:
@@ -236,7 +238,6 @@ def measure_rates(cfg, budget_s: float = 3.0, max_replay_bytes: int = 64 << 20) 
         actor_step_s=actor_step_s + loop_s / cfg.envs_per_actor,
         update_s=update_s + phases * loop_s, phases_per_update=phases,
         update_by_rows={r: t + phases * loop_s for r, t in by_rows.items()},
-        phase_counts=phase_period([len(ps) for ps in phase_lists]),
         gradient_floats=int(send.size), env_step_s=env_step_s, forward_s=forward_s,
         insert_s=insert_s, loop_s=loop_s, wake_s=wake_s, sleep_s=sleep_s,
         cpu_share=min(1.0, (actor_step_s / actor_wall + update_cpu / update_wall) / 2),
@@ -279,15 +280,55 @@ def phase_period(phase_counts: list[int]) -> list[int]:
     return phase_counts
 
 
-def gang_work(m: "Measured", counts: list[int], batch_size: int, split: bool
-              ) -> dict[int, float]:
-    """CPU-seconds per update of each learner among L (for measure_gang): u on the
-    learner's share with the split batch, u on the whole batch without it."""
-    from pal_hpc.plan.model import update_time
+def gang_rows(counts: list[int], batch_size: int, split: bool) -> dict[int, int]:
+    """The rows of each learner's batch among L (for measure_gang): its share with the
+    split batch, the whole batch without it."""
+    return {n: -(-batch_size // n) if split else batch_size for n in counts}
 
-    rates = m.rates()
-    return {n: update_time(rates, -(-batch_size // n) if split else batch_size)
-            for n in counts}
+
+class UpdateStandIn:
+    """A learner's real update without the replay, for timing learners side by side
+    (probe.measure_gang): the configured algorithm, built here on the CPU, takes every
+    phase's gradient on one fixed batch of `rows` random transitions of the run's
+    spec and applies the reduced gradient -- the same arithmetic, memory traffic and
+    optimizer step as a learner's update, minus sampling and priorities (a few % of
+    it, in `u`)."""
+
+    def __init__(self, cfg, rows: int):
+        import torch
+
+        from pal_hpc.algos import ALGOS
+        from pal_hpc.envs import action_info, make_env, obs_info
+        from pal_hpc.runtime.nstep import transition_spec
+
+        torch.set_num_threads(cfg.torch_threads)
+        torch.set_flush_denormal(True)
+        Algo = ALGOS[cfg.algo]
+        env = make_env(cfg.env, cfg.seed, terminal_on_life_loss=cfg.atari_terminal_on_life_loss)
+        try:
+            spec = transition_spec(*obs_info(env), *action_info(env))
+            self.algo = Algo(env.observation_space, env.action_space, cfg.algo_config,
+                             device="cpu", seed=cfg.seed)
+        finally:
+            env.close()
+        rng = np.random.default_rng(cfg.seed)
+        self.batch = random_transitions(spec, rows, rng, cfg.gamma, cfg.n_step,
+                                        self.algo.act_space)
+        self.batch["weights"] = np.ones(rows, np.float32)
+        self.phase_lists = [self.algo.phases(i) for i in range(8)]
+        self.period = len(phase_period([len(ps) for ps in self.phase_lists]))
+        size = max(self.algo.phase_size(p) for ps in self.phase_lists for p in ps)
+        self.send = np.zeros(size + 3, np.float32)     # + the learner's three vote slots
+        self.recv = np.empty_like(self.send)
+
+    def gradient(self, phase: str) -> int:
+        """Phase `phase`'s gradient into send[:n]; returns n."""
+        n = self.algo.phase_size(phase)
+        self.algo.compute_gradients(phase, self.batch, out=self.send[:n])
+        return n
+
+    def apply(self, phase: str, n: int, scale: float) -> None:
+        self.algo.apply_gradients(phase, self.recv[:n], scale)
 
 
 def details(m: Measured) -> dict:

@@ -72,14 +72,6 @@ def _reduce(sub, send, recv) -> None:
         time.sleep(REDUCING_SLEEP)
 
 
-def burn_cpu(seconds: float) -> None:
-    """Compute (spin) until this process has used `seconds` more CPU time: a stand-in
-    for a learner's gradient work that competes for the cores as that work does."""
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
-
-
 def measure_sync(comm, counts: list[int], floats: int, order: list[int] | None = None,
                  reps: int = 8) -> dict[int, float]:
     """Collective over `comm`: for each L in `counts`, the first L ranks of `order`
@@ -101,41 +93,42 @@ def measure_sync(comm, counts: list[int], floats: int, order: list[int] | None =
     return _over_members(comm, counts, order, body)
 
 
-def measure_gang(comm, counts: list[int], floats: int, work_s: dict[int, float],
-                 phases: list[int], order: list[int] | None = None,
-                 blocks: int = 4) -> dict[int, float]:
-    """Collective over `comm`: the wall seconds per update of L learners working at
-    once where the roles will put them -- each burns `work_s[L]` CPU-seconds per update
-    (a learner's u on its share, split evenly over the update's phases) and ends each
-    phase with an Iallreduce of `floats` float32 polled as a learner polls it; updates
-    follow `phases` (phases per successive update, e.g. TD3's [1, 2]).  It holds what
-    u and r(L) measured apart miss: L learners on fewer free cores finish a phase one
-    after another (the phase ends at the last one's gradient), and a reduction waits
-    for a member that is not running.  Returns {L: the slowest member's median over
-    `blocks` blocks of len(phases) updates} on rank 0; {} elsewhere."""
-    send = np.ones(floats + 3, np.float32)
-    recv = np.empty_like(send)
-    mean_phases = float(np.mean(phases))
+def measure_gang(comm, counts: list[int], cfg, rows: dict[int, int],
+                 order: list[int] | None = None, blocks: int = 4) -> dict[int, float]:
+    """Collective over `comm`: g(L), the wall seconds per update of L learners working
+    at once where the roles will put them.  Each member runs `cfg`'s real update on
+    `rows[L]` rows (measure.UpdateStandIn) and ends each phase with the Iallreduce of
+    that phase's gradient, polled as a learner polls it, then applies the mean.  It
+    holds what u and r(L) measured apart miss: L learners on fewer free cores finish a
+    phase one after another (the phase ends at the last one's gradient), a reduction
+    waits for a member that is not running, and processes taking turns on a core evict
+    each other's caches.  Returns {L: the slowest member's median over `blocks` blocks
+    of updates (one period of the algorithm's phases, e.g. TD3's critic, then critic
+    and actor)} on rank 0; {} elsewhere."""
+    from pal_hpc.plan.measure import UpdateStandIn
 
     def body(sub, n):
-        per_phase = work_s[n] / mean_phases
+        stand = UpdateStandIn(cfg, rows[n])
         times = []
+        update = 0
         for _ in range(blocks + 1):            # the first warms up
             t0 = time.perf_counter()
-            for count in phases:
-                for _ in range(count):
-                    burn_cpu(per_phase)
-                    _reduce(sub, send, recv)
-            times.append((time.perf_counter() - t0) / len(phases))
+            for _ in range(stand.period):
+                for phase in stand.phase_lists[update % len(stand.phase_lists)]:
+                    size = stand.gradient(phase)
+                    _reduce(sub, stand.send[:size + 3], stand.recv[:size + 3])
+                    stand.apply(phase, size, 1.0 / n)
+                update += 1
+            times.append((time.perf_counter() - t0) / stand.period)
         return statistics.median(times[1:])
 
-    return _over_members(comm, [n for n in counts if n in work_s], order, body)
+    return _over_members(comm, [n for n in counts if n in rows], order, body)
 
 
 def _sync_probe_main() -> None:
     """`mpiexec -n N python -m mpi4py -m pal_hpc.plan --sync-probe COUNTS FLOATS [GANG]`:
     rank 0 prints {"sync": measure_sync's result, "gang": measure_gang's} as JSON;
-    GANG is JSON {"work": {L: seconds}, "phases": [...]} (no gang measurement without)."""
+    GANG is JSON {"argv": pal_hpc.main's flags, "rows": {L: rows}} (no gang without)."""
     from mpi4py import MPI
 
     counts = [int(c) for c in sys.argv[2].split(",") if c]
@@ -143,29 +136,33 @@ def _sync_probe_main() -> None:
     sync = measure_sync(MPI.COMM_WORLD, counts, floats)
     gang = {}
     if len(sys.argv) > 4:
+        from pal_hpc.config_io import load_config
+
         spec = json.loads(sys.argv[4])
-        gang = measure_gang(MPI.COMM_WORLD, counts, floats,
-                            {int(k): float(v) for k, v in spec["work"].items()},
-                            [int(c) for c in spec["phases"]])
+        gang = measure_gang(MPI.COMM_WORLD, counts, load_config(spec["argv"]),
+                            {int(k): int(v) for k, v in spec["rows"].items()})
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(json.dumps({"sync": {str(k): v for k, v in sync.items()},
                           "gang": {str(k): v for k, v in gang.items()}}), flush=True)
 
 
-def measure_sync_here(counts: list[int], floats: int, work_s: dict[int, float] | None = None,
-                      phases: list[int] | None = None, timeout: float = 120.0
-                      ) -> tuple[dict[int, float], dict[int, float]]:
-    """measure_sync (and, given `work_s`, measure_gang) in a helper mpiexec job on this
-    host (the CLI runs outside MPI): ({L: r(L)}, {L: gang seconds per update})."""
+def measure_sync_here(counts: list[int], floats: int, argv: list[str] | None = None,
+                      rows: dict[int, int] | None = None, ranks: int = 0,
+                      timeout: float = 180.0) -> tuple[dict[int, float], dict[int, float]]:
+    """measure_sync (and, given pal_hpc.main's flags `argv` and `rows`, measure_gang)
+    in a helper mpiexec job of `ranks` ranks on this host (default: the most learners;
+    the CLI gives the job's size, so the ranks that are not learners sleep-poll beside
+    them as they will: with 4 ranks on 2 cores, g(3) came out 12 ms among 3 ranks and
+    24 ms among 4, and the run took 20): ({L: r(L)}, {L: g(L)})."""
     from pal_hpc.cluster.launch import mpi_env, mpiexec
 
     if not counts:
         return {}, {}
     args = ["-m", "pal_hpc.plan", "--sync-probe", ",".join(map(str, counts)), str(floats)]
-    if work_s:
-        args.append(json.dumps({"work": {str(k): v for k, v in work_s.items()},
-                                "phases": list(phases or [1])}))
-    cmd = mpiexec(max(counts), *args)
+    if rows:
+        args.append(json.dumps({"argv": list(argv or []),
+                                "rows": {str(k): v for k, v in rows.items()}}))
+    cmd = mpiexec(max(ranks, max(counts)), *args)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                              env=mpi_env())

@@ -8,7 +8,7 @@ import json
 import os
 
 from pal_hpc.config import ConfigError
-from pal_hpc.plan.measure import details, gang_work, measure_rates
+from pal_hpc.plan.measure import details, gang_rows, measure_rates
 from pal_hpc.plan.probe import measure_gang, measure_sync, sync_counts
 from pal_hpc.plan.model import AUTO, Layout, all_splits, make_plan, others_from_share
 
@@ -114,16 +114,14 @@ def plan_at_startup(world, cfg) -> dict | None:
     wait_all(world)                           # the others sleep while rank 0 measures
     counts = sync_counts(layout, splits)
     split = cfg.learner_batch == "split"
-    work = phases = None
-    if measured is not None and measured.device == "cpu":     # see measure_gang
-        work = gang_work(measured, counts, cfg.batch_size, split)
-        phases = measured.phase_counts
-    err, floats, work, phases = world.bcast(
-        (err, measured.gradient_floats if measured else 0, work, phases), root=0)
+    cpu = measured is not None and measured.device == "cpu"   # g(L): CPU learners only
+    err, floats, cpu = world.bcast(
+        (err, measured.gradient_floats if measured else 0, cpu), root=0)
     if err:
         raise ConfigError(err)
     sync = measure_sync(world, counts, floats, order)
-    gang = measure_gang(world, counts, floats, work, phases, order) if work else {}
+    gang = (measure_gang(world, counts, cfg, gang_rows(counts, cfg.batch_size, split), order)
+            if cpu else {})
     plan = None
     if rank == 0:
         measured.sync_s, measured.gang_s = sync, gang
