@@ -202,6 +202,21 @@ def test_learning_rate_anneals_linearly_to_zero():
     assert not moves[2].any()
 
 
+def test_lr_anneal_steps_sets_the_annealing_horizon():
+    # 0 = over the run; the released code's horizon outlasts the run, so the rate
+    # at the run's end is still most of the first.
+    assert make().anneal_progress(500, 1000) == 0.5
+    long = make(lr=0.02, lr_anneal_steps=80_000_000)
+    assert long.anneal_progress(15_000_000, 15_000_000) == pytest.approx(0.1875)
+    long.set_progress(long.anneal_progress(15_000_000, 15_000_000))
+    assert long.learning_rate() == pytest.approx(0.02 * (1 - 0.1875))
+    assert make(lr_anneal_steps=100).anneal_progress(300, 1000) == 1.0
+    acfg = load_config(["--algo", "paac", "--lr-anneal-steps", "80000000"]).algo_config
+    assert acfg.lr_anneal_steps == 80_000_000
+    with pytest.raises(ConfigError, match="lr_anneal_steps"):
+        load_config(["--algo", "paac", "--lr-anneal-steps", "-1"]).validate()
+
+
 def test_rmsprop_torch_mode_matches_torch():
     rng = np.random.default_rng(7)
     start = torch.as_tensor(rng.normal(size=500), dtype=torch.float32)

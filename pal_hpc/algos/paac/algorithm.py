@@ -114,6 +114,12 @@ class PAAC(OnePhaseAlgorithm):
         p = self.progress if progress is None else progress
         return self.lr * max(0.0, 1.0 - p) if self.config.lr_anneal else self.lr
 
+    def anneal_progress(self, done_steps: int, total_steps: int) -> float:
+        """The annealing's fraction done after `done_steps` env steps: over
+        --lr-anneal-steps when set, else over the run's `total_steps`; at most 1."""
+        horizon = self.config.lr_anneal_steps or total_steps
+        return min(1.0, done_steps / horizon)
+
     def set_progress(self, fraction: float) -> None:
         """The fraction of the run's env steps done (the same on every master)."""
         self.progress = float(fraction)

@@ -51,6 +51,10 @@ class PAACConfig(AlgoConfig):
                            "environments; it also trains CartPole-v1), annealed linearly "
                            "to 0 over --total-steps (see --lr-anneal)")
     lr_anneal: bool = _f(True, "anneal the learning rate linearly to 0 over --total-steps")
+    lr_anneal_steps: int = _f(0, "env steps (all environments of all nodes together) over "
+                                 "which the learning rate anneals to 0; 0 = --total-steps.  "
+                                 "The released code anneals over its 80M-step budget "
+                                 "whatever the run's length: --lr-anneal-steps 80000000")
     rms_decay: float = _f(0.99, "RMSProp decay of the mean square (TensorFlow 1's "
                                 "RMSPropOptimizer, as PAAC's code used: mean square starts "
                                 "at 1, epsilon inside the square root)")
@@ -115,6 +119,7 @@ class PAACConfig(AlgoConfig):
         req("t_max", self.t_max >= 1, "must be >= 1")
         req("num_envs", self.num_envs >= 0, "must be >= 0 (0 = auto)")
         req("lr", self.lr > 0, "must be > 0")
+        req("lr_anneal_steps", self.lr_anneal_steps >= 0, "must be >= 0 (0 = --total-steps)")
         req("rms_decay", 0 <= self.rms_decay < 1, "must be in [0, 1)")
         req("rms_eps", self.rms_eps > 0, "must be > 0")
         req("rms_style", self.rms_style in RMS_STYLES, f"must be one of {', '.join(RMS_STYLES)}")

@@ -209,7 +209,7 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
                     self._mid_run_checkpoint()
                 self.rounds += 1
                 done_steps = self.rounds * self.steps_per_round + self.restored.get("global_base", 0)
-                algo.set_progress(min(1.0, done_steps / cfg.total_steps))
+                algo.set_progress(algo.anneal_progress(done_steps, cfg.total_steps))
                 last = done_steps >= cfg.total_steps
                 nxt = rollouts[1 - cur]
                 nxt.obs[0] = ro.obs[t_max]
