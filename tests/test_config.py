@@ -55,7 +55,7 @@ def test_every_field_is_documented():
     ("batch_size", 0), ("learning_starts", -1), ("learning_starts", 200_000),
     ("replay_ratio", 0.0), ("gamma", 0.0), ("gamma", 1.01),
     ("n_step", 0), ("publish_every", 0),
-    ("per_alpha", 1.5), ("per_beta", -0.1),
+    ("per_alpha", 1.5), ("per_beta", -0.1), ("per_weights", "max"),
     ("per_eps", 0.0), ("fanout", 1), ("fanout", 12), ("fanout", 8192),
     ("torch_threads", 0), ("progress_every", 0.0),
     # wrong types set directly on the dataclass

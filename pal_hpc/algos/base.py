@@ -11,7 +11,9 @@ algorithm knows no MPI.  Two sides, as in Acme's learner/actor split:
   the learners' share-weighted sum into the mean over the update's global batch).
   The algorithm owns its optimizers, target networks and Polyak averaging; the
   runtime never sees them.  The first phase returns the new priorities of the
-  sampled transitions (|TD error|), or None when the algorithm has none.
+  sampled transitions (|TD error|), or None when the algorithm has none; its loss is
+  the one the importance weights enter, linearly (the runtime divides its gradient
+  by the batch's largest weight under `--per-weights batch`).
 - `Policy` (actor side): a copy of the network actors need, loaded from the flat
   vector the learners publish (`policy_params`), and `act`, which owns exploration
   (epsilon for DQN, Gaussian noise for DDPG/TD3, sampling for SAC).

@@ -18,12 +18,17 @@ differ by at most one) and sends b_i times its mean gradient, with b_i in the ro
 slot; the sum divided by the summed rows is then the mean gradient over the union
 of the shares -- one update with L learners is one learner's update on the union,
 L times cheaper per learner.  A learner that votes sends zeros and 0 rows, so the
-update is the mean over the rows actually sampled.  Importance weights need no
-coordination: the replay normalises them by its buffer-wide minimum priority (the
-largest weight any slot could have, PER's max_j w_j over the buffer), not by the
-sampled batch, so a row's weight does not depend on how the batch was split.  With
-several nodes each node's replay has its own minimum (as it has its own
-distribution).  `--learner-batch full` is the behaviour before: every learner
+update is the mean over the rows actually sampled.
+
+Importance weights.  The replay returns them normalised by its buffer-wide minimum
+priority (the largest weight any slot could have), so a row's weight does not depend
+on how the batch was split.  `--per-weights batch` (the default) then divides the
+first phase's gradient -- the TD loss, the one the weights enter, linearly -- by the
+largest weight in the whole update's batch: a MAX reduction of one number, posted
+beside the first phase's gradient sum, so each update's largest weight is 1 however
+the batch is split, and one stored transition with a near-zero priority cannot
+shrink every update (see `pal_hpc.config`'s per_weights).  With several nodes each
+node's replay has its own minimum (as it has its own distribution).  `--learner-batch full` is the behaviour before: every learner
 samples a whole batch and the update averages the L batches (1 row-weight each).
 """
 
@@ -100,6 +105,13 @@ class Learner:
         # A lone learner reduces with itself: receive where it sent, no copy.
         self._recv = self._send if self.comm.Get_size() == 1 else np.zeros(n + 3, np.float32)
         self._req = None
+        # --per-weights batch: the update's largest importance weight, MAX-reduced
+        # beside the first phase's gradient (a voting learner sends 0).
+        self._batch_norm = cfg.per_weights == "batch"
+        self._wmax_send = np.zeros(1, np.float64)
+        self._wmax_recv = self._wmax_send if self.comm.Get_size() == 1 else np.zeros(1, np.float64)
+        self._req_max = None
+        self._wmax = 1.0
         self._phase, self._first, self._n = "", False, 0   # the reduction in flight
         self._todo: list[str] = []           # phases of this update still to run
         self._voting = False                 # this update: zeros and a vote, no batch
@@ -133,6 +145,10 @@ class Learner:
         if self._req is not None:
             if not self._req.Test():
                 return False
+            if self._req_max is not None:
+                if not self._req_max.Test():
+                    return False
+                self._req_max = None
             self._req = None
             self.profile["reduce"] += time.perf_counter() - self._posted
             self._finish()
@@ -205,11 +221,16 @@ class Learner:
                 self.metrics.update(metrics)
         self._send[-3:] = votes
         self._phase, self._first, self._n = phase, first, n
+        if first and self._batch_norm:
+            self._wmax_send[0] = 0.0 if self._voting else float(self._batch["weights"].max())
         self.busy_seconds += time.perf_counter() - t0
         if self.comm.Get_size() == 1:
             self._finish()              # _recv is _send
         else:
             self._req = self.comm.Iallreduce(self._send, self._recv, op=MPI.SUM)
+            if first and self._batch_norm:
+                self._req_max = self.comm.Iallreduce(self._wmax_send, self._wmax_recv,
+                                                     op=MPI.MAX)
             self._posted = time.perf_counter()
 
     def _finish(self) -> None:
@@ -221,8 +242,11 @@ class Learner:
                 self._todo = []
                 self._end_update(applied=False)
                 return
-        self.algo.apply_gradients(self._phase, self._recv[:self._n],
-                                  scale=1.0 / self._rows)
+            wmax = float(self._wmax_recv[0]) if self._batch_norm else 1.0
+            self._wmax = wmax if wmax > 0 else 1.0
+        # The first phase's loss is the importance-weighted one (the contract).
+        scale = 1.0 / (self._rows * self._wmax) if self._first else 1.0 / self._rows
+        self.algo.apply_gradients(self._phase, self._recv[:self._n], scale=scale)
         t1 = time.perf_counter()
         self.profile["apply"] += t1 - t0
         if not self._todo:

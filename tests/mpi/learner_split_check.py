@@ -1,7 +1,9 @@
 """Run under mpiexec: every rank is a learner (the real Learner, SharedReplay and
 Iallreduce, --learner-batch split, an uneven batch of 11).  After 4 updates of DQN,
 TD3 and SAC, every learner's parameters equal one learner's updates on the union of
-the rows all learners sampled (float tolerance), and the learners' digests agree."""
+the rows all learners sampled (float tolerance), and the learners' digests agree.
+With --per-weights batch the union's importance weights are divided by their largest
+(one MAX reduction beside the gradient's sum); with buffer they are the replay's."""
 
 import sys
 import time
@@ -21,7 +23,7 @@ from pal_hpc.runtime.nstep import transition_spec  # noqa: E402
 BATCH, UPDATES = 11, 4
 
 
-def check(world, name: str) -> bool:
+def check(world, name: str, per_weights: str) -> bool:
     discrete = name == "dqn"
     spec = transition_spec((3,), np.float32, () if discrete else (2,),
                            np.int64 if discrete else np.float32)
@@ -31,7 +33,7 @@ def check(world, name: str) -> bool:
         replay.add(0, {k: rows[k] for k in spec})
     world.Barrier()
     cfg = Config(algo=name, batch_size=BATCH, learning_starts=1, replay_ratio=1e6,
-                 learner_batch="split")
+                 learner_batch="split", per_weights=per_weights)
     learner = Learner(cfg, make_split_algo(name), replay, world,
                       rng=np.random.default_rng([3, world.Get_rank()]))
     sampled = []
@@ -47,6 +49,8 @@ def check(world, name: str) -> bool:
     for u in range(UPDATES):
         union = {k: np.concatenate([rank_batches[u][k] for rank_batches in everyone])
                  for k in list(spec) + ["weights"]}
+        if per_weights == "batch":
+            union["weights"] = union["weights"] / union["weights"].max()
         for phase in reference.phases(u):
             out = np.zeros(reference.phase_size(phase), np.float32)
             reference.compute_gradients(phase, union, out)
@@ -62,10 +66,12 @@ def main():
     world = MPI.COMM_WORLD
     ok = True
     for name in ("dqn", "td3", "sac"):
-        mine = check(world, name)
-        if not mine:
-            print(f"rank {world.Get_rank()}: {name} differs", flush=True)
-        ok &= mine
+        for per_weights in ("batch", "buffer"):
+            mine = check(world, name, per_weights)
+            if not mine:
+                print(f"rank {world.Get_rank()}: {name} --per-weights {per_weights} differs",
+                      flush=True)
+            ok &= mine
     ok = world.allreduce(ok, op=MPI.LAND)
     if world.Get_rank() == 0:
         print(f"learners={world.Get_size()} ok={ok}", flush=True)
