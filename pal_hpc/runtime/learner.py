@@ -50,6 +50,9 @@ METRICS_EVERY = 10
 # -- filled in by the rank's loop -- its sleeps.
 PROFILE_PARTS = ("sample", "gradients", "priorities", "reduce", "apply", "publish",
                  "rate_limited", "sleep_idle", "sleep_reducing")
+# Metrics of the weighted loss, in the replay's weights when computed: divided by the
+# update's largest weight under --per-weights batch, as the gradient is.
+WEIGHTED_METRICS = ("loss", "critic_loss", "grad_norm")
 
 
 def batch_shares(batch: int, learners: int) -> list[int]:
@@ -244,6 +247,10 @@ class Learner:
                 return
             wmax = float(self._wmax_recv[0]) if self._batch_norm else 1.0
             self._wmax = wmax if wmax > 0 else 1.0
+            if self._want_metrics and not self._voting and self._wmax != 1.0:
+                for key in WEIGHTED_METRICS:
+                    if key in self.metrics:
+                        self.metrics[key] /= self._wmax
         # The first phase's loss is the importance-weighted one (the contract).
         scale = 1.0 / (self._rows * self._wmax) if self._first else 1.0 / self._rows
         self.algo.apply_gradients(self._phase, self._recv[:self._n], scale=scale)
