@@ -4,13 +4,15 @@ mpiexec checks that the ranks load the library the launcher belongs to."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import subprocess
 
 import pytest
 
 from conftest import VENDOR
-from pal_hpc.cluster.launch import launcher_flags, mpi_vendor, stop_signal
+from pal_hpc.cluster.launch import clear_stale_sessions, launcher_flags, mpi_vendor, stop_signal
 
 VERSIONS = [
     ("MPICH Version:      5.0.2\nMPICH Release date: unreleased\n", "mpich"),
@@ -44,6 +46,22 @@ def test_open_mpi_gets_oversubscription_no_binding_and_root_flags_others_none():
 def test_stop_signal_is_the_one_the_launcher_forwards():
     assert stop_signal("mpich") == stop_signal("impi") == signal.SIGTERM
     assert stop_signal("openmpi") == signal.SIGUSR1
+
+
+def test_stale_open_mpi_sessions_are_cleared_live_ones_kept(tmp_path):
+    """A killed launcher's `ompi.<pid>` would break a later launcher given its pid."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / f"ompi.{gone.pid}"
+    (dead / "0").mkdir(parents=True)
+    (dead / "pmix.vm.tool").write_text("")
+    live = tmp_path / f"ompi.{os.getpid()}"
+    live.mkdir()
+    other = [tmp_path / "ompi.log", tmp_path / "ompi.vm.0"]
+    other[0].write_text("")
+    other[1].mkdir()
+    assert clear_stale_sessions(tmp_path) == [dead]
+    assert not dead.exists() and live.is_dir() and all(p.exists() for p in other)
 
 
 @pytest.mark.mpi

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,13 +85,44 @@ def mpi_env(base: dict | None = None, **extra: str) -> dict:
     return env
 
 
+def clear_stale_sessions(tmpdir: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the session directories (`ompi.<pid>` in `tmpdir`, default $TMPDIR or
+    /tmp) of Open MPI launchers that are no longer running; return those removed.
+
+    A launcher that was killed leaves its session behind, PMIx rendezvous files and
+    all, and a later launcher that the kernel gives the same pid finds them and dies
+    before any rank runs: "The PMIx server's listener thread failed to start".  A
+    directory whose pid is alive (ours or another user's) is left alone."""
+    base = Path(tmpdir or os.environ.get("TMPDIR") or "/tmp")
+    removed = []
+    for path in base.glob("ompi.*"):
+        pid = path.name[len("ompi."):]
+        if not (pid.isdigit() and path.is_dir() and not path.is_symlink()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue                          # alive
+        except PermissionError:
+            continue                          # alive, another user's
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
 def mpiexec(nprocs: int, *args: str) -> list[str]:
     """`mpiexec -n N python -m mpi4py ARGS` with the venv's mpiexec and interpreter
     (ARGS: a script and its arguments, or "-m", a module, ...), plus the flags its
-    vendor needs (`launcher_flags`)."""
+    vendor needs (`launcher_flags`).  For Open MPI it first clears the sessions of
+    launchers that are gone (`clear_stale_sessions`)."""
     if not MPIEXEC.exists():
         raise RuntimeError(f"mpiexec not found next to {sys.executable}; run `make install`")
-    return [str(MPIEXEC), *launcher_flags(launcher_vendor()), "-n", str(nprocs),
+    vendor = launcher_vendor()
+    if vendor == "openmpi":
+        clear_stale_sessions()
+    return [str(MPIEXEC), *launcher_flags(vendor), "-n", str(nprocs),
             sys.executable, "-m", "mpi4py", *map(str, args)]
 
 
