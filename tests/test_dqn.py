@@ -543,3 +543,20 @@ def test_learns_cartpole():
     finally:
         torch.set_num_threads(threads)
     assert np.mean(returns) > 150, returns
+
+
+def test_atari_ids_get_the_published_settings_and_flags_win():
+    from pal_hpc.config_io import load_config
+    cfg = load_config(["--algo", "dqn", "--env", "ALE/Pong-v5"])
+    acfg = cfg.algo_config
+    assert (cfg.total_steps, cfg.n_step, cfg.batch_size, cfg.learning_starts, cfg.replay_ratio,
+            cfg.per_alpha, cfg.per_weights, cfg.reward_clip, cfg.replay_capacity) == (
+        1_000_000, 3, 32, 20_000, 8.0, 0.5, "batch", True, 0)
+    assert (acfg.lr, acfg.adam_eps, acfg.target_update, acfg.cnn, acfg.dueling, acfg.double_q,
+            acfg.exploration_steps, acfg.eps_final) == (
+        6.25e-5, 1.5e-4, 2_000, "nature", True, True, 250_000, 0.01)
+    given = load_config(["--algo", "dqn", "--env", "ALE/Pong-v5", "--total-steps", "5000",
+                         "--lr", "1e-4", "--n-step", "1"])
+    assert (given.total_steps, given.algo_config.lr, given.n_step) == (5000, 1e-4, 1)
+    plain = load_config(["--algo", "dqn", "--env", "CartPole-v1"])
+    assert plain.total_steps == 100_000 and plain.algo_config.adam_eps == 1e-8

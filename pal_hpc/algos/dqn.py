@@ -189,7 +189,9 @@ class DQN(OnePhaseAlgorithm):
         "replay_capacity": 0, "n_step": 3, "batch_size": 32, "learning_starts": 20_000,
         "replay_ratio": 8.0, "per_alpha": 0.5, "reward_clip": True,
         # Ten greedy Pong games take ~80 s on the evaluating actor: evaluate rarely.
-        "eval_every": 100_000}
+        "eval_every": 100_000,
+        # 4M frames, the standard short Atari budget (the 100k default is random play).
+        "total_steps": 1_000_000}
     atari_defaults: ClassVar[dict] = {
         "lr": 6.25e-5, "adam_eps": 1.5e-4, "target_update": 2_000, "dueling": True,
         "double_q": True, "cnn": "nature", "eps_final": 0.01, "exploration_steps": 250_000,
