@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from pal_hpc.cluster.topology import assign_roles, node_counts
 from pal_hpc.config import Config, ConfigError
@@ -389,8 +390,12 @@ def test_plan_cli_json_and_errors():
 @pytest.mark.mpi
 def test_the_gang_probe_times_learners_updating_together():
     """Two ranks each take TD3's real update on 128 rows (critic, then critic and
-    actor) and reduce every phase: an update takes at least the CPU time one update
-    takes alone (measured here with the same stand-in), and no gang without rows."""
+    actor) and reduce every phase: an update takes the reduction's time plus at least
+    a quarter of the CPU time one update takes alone (measured here with the same
+    stand-in, on one torch thread as the ranks run; the two measurements are in
+    different processes, so only a wide margin is safe from noise -- CI once saw the
+    gang at 0.76x the lone update), and no gang without rows.  A probe that only
+    reduced would come out at the reduction's time."""
     import time
 
     from pal_hpc.plan.measure import UpdateStandIn
@@ -400,17 +405,22 @@ def test_the_gang_probe_times_learners_updating_together():
     stand = UpdateStandIn(load_config(argv), 128)
     assert stand.period == 2 and [len(p) for p in stand.phase_lists[:2]] == [1, 2]
     cpu = []
-    for _ in range(5):
-        c0 = time.process_time()
-        for i in range(2):
-            for phase in stand.phase_lists[i]:
-                n = stand.gradient(phase)
-                stand.recv[:n] = stand.send[:n]
-                stand.apply(phase, n, 1.0)
-        cpu.append((time.process_time() - c0) / 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)     # process_time sums every thread's CPU time
+    try:
+        for _ in range(5):
+            c0 = time.process_time()
+            for i in range(2):
+                for phase in stand.phase_lists[i]:
+                    n = stand.gradient(phase)
+                    stand.recv[:n] = stand.send[:n]
+                    stand.apply(phase, n, 1.0)
+            cpu.append((time.process_time() - c0) / 2)
+    finally:
+        torch.set_num_threads(threads)
     sync, gang = measure_sync_here([2], stand.send.size - 3, argv, {2: 128})
     assert set(sync) == set(gang) == {2}
-    assert sync[2] > 0 and gang[2] >= 0.8 * min(cpu)
+    assert sync[2] > 0 and gang[2] - sync[2] >= 0.25 * min(cpu), (sync, gang, cpu)
     assert measure_sync_here([2], 1000)[1] == {}             # no rows given: no gang
 
 
