@@ -28,8 +28,10 @@ largest weight in the whole update's batch: a MAX reduction of one number, poste
 beside the first phase's gradient sum, so each update's largest weight is 1 however
 the batch is split, and one stored transition with a near-zero priority cannot
 shrink every update (see `pal_hpc.config`'s per_weights).  With several nodes each
-node's replay has its own minimum (as it has its own distribution).  `--learner-batch full` is the behaviour before: every learner
-samples a whole batch and the update averages the L batches (1 row-weight each).
+node's replay has its own minimum (as it has its own distribution).
+
+`--learner-batch full` is the behaviour before: every learner samples a whole batch
+and the update averages the L batches (1 row-weight each).
 """
 
 from __future__ import annotations
@@ -114,7 +116,6 @@ class Learner:
         self._wmax_send = np.zeros(1, np.float64)
         self._wmax_recv = self._wmax_send if self.comm.Get_size() == 1 else np.zeros(1, np.float64)
         self._req_max = None
-        self._wmax = 1.0
         self._phase, self._first, self._n = "", False, 0   # the reduction in flight
         self._todo: list[str] = []           # phases of this update still to run
         self._voting = False                 # this update: zeros and a vote, no batch
@@ -246,13 +247,15 @@ class Learner:
                 self._end_update(applied=False)
                 return
             wmax = float(self._wmax_recv[0]) if self._batch_norm else 1.0
-            self._wmax = wmax if wmax > 0 else 1.0
-            if self._want_metrics and not self._voting and self._wmax != 1.0:
+            wmax = wmax if wmax > 0 else 1.0
+            if self._want_metrics and not self._voting and wmax != 1.0:
                 for key in WEIGHTED_METRICS:
                     if key in self.metrics:
-                        self.metrics[key] /= self._wmax
-        # The first phase's loss is the importance-weighted one (the contract).
-        scale = 1.0 / (self._rows * self._wmax) if self._first else 1.0 / self._rows
+                        self.metrics[key] /= wmax
+            # The first phase's loss is the importance-weighted one (the contract).
+            scale = 1.0 / (self._rows * wmax)
+        else:
+            scale = 1.0 / self._rows
         self.algo.apply_gradients(self._phase, self._recv[:self._n], scale=scale)
         t1 = time.perf_counter()
         self.profile["apply"] += t1 - t0
