@@ -43,9 +43,12 @@ target, the median over seeds, how many seeds reached it, and SB3's median / our
 target (or whose run failed) enters the median as +infinity.  Then the conservative
 ratio, SB3's fastest seed / our median, and the goal check for -n 4: at least 3x
 faster than SB3 by median and by the conservative ratio, with no more than 1.5x SB3's
-median env steps to the target.
+median env steps to the target (issue 20: 1.2x), and the scaling check: -n 4 at least
+1.6x sooner than -n 1.  An --nps entry N/L runs -n N with L learners per node
+(`--learners-per-node L`), so one run can set the default layout and a split batch
+over several learners side by side: `--nps 1,4,4/2`.
 
-    python bench/bench_continuous.py [--seeds 5] [--nps 1,2,4] [--algos td3,sac] [--pal-flags FLAGS] [--json OUT]
+    python bench/bench_continuous.py [--seeds 5] [--nps 1,2,4,4/2] [--algos td3,sac] [--pal-flags FLAGS] [--json OUT]
     python bench/bench_continuous.py --quick    # smoke run: 1 seed, -n 4, 20k steps
 """
 
@@ -69,16 +72,40 @@ TIME_KEY = "time_to_target_excl_eval_s"
 # Flags that bring pal_hpc's defaults to the zoo's Pendulum-v1 entry (see the docstring).
 OURS_FLAGS = {"td3": [], "sac": ["--lr", "1e-3"]}
 GOAL_SPEEDUP = 3.0      # -n 4 at least this much faster than SB3 ...
-GOAL_STEPS = 1.5        # ... with at most this many times SB3's env steps to the target
+GOAL_STEPS = 1.2        # ... with at most this many times SB3's env steps to the target
 GOAL_NP = 4
+GOAL_SCALING = 1.6      # -n 4 at least this much sooner than -n 1
+
+
+def parse_nps(text: str) -> list[tuple[int, int | None]]:
+    """'1,4,4/2' -> [(1, None), (4, None), (4, 2)]: rank count, learners per node
+    (None: the default layout)."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        n, _, learners = item.partition("/")
+        out.append((int(n), int(learners) if learners else None))
+    return out
+
+
+def config_name(n: int, learners: int | None) -> str:
+    return f"pal_hpc -n {n}" + (f" L{learners}" if learners else "")
+
+
+def parse_config(cfg: str) -> tuple[int, int | None]:
+    """The inverse of config_name."""
+    words = cfg.split()
+    return int(words[2]), (int(words[3][1:]) if len(words) > 3 else None)
 
 
 def peer_name(algo: str) -> str:
     return f"sb3-{algo}"
 
 
-def run_ours(algo: str, np_: int, seed: int, args, run_dir: Path) -> dict:
-    cmd = pal_main(np_, "--algo", algo, "--env", args.env, "--seed", str(seed),
+def run_ours(algo: str, np_: int, learners: int | None, seed: int, args, run_dir: Path) -> dict:
+    layout = ["--learners-per-node", str(learners)] if learners else []
+    cmd = pal_main(np_, "--algo", algo, "--env", args.env, "--seed", str(seed), *layout,
            "--total-steps", str(args.total_steps), "--target-return", str(args.target),
            "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
            "--run-dir", str(run_dir), "--progress-every", "1000", *OURS_FLAGS[algo],
@@ -112,10 +139,11 @@ def run_algo(algo: str, configs: list[str], seeds: list[int], args, tmp: Path,
     def run_one(cfg: str, seed: int) -> dict:
         if cfg == peer:
             return run_peer(algo, seed, args)
-        n = int(cfg.rsplit(" ", 1)[1])
-        return run_ours(algo, n, seed, args, tmp / f"{algo}-np{n}-seed{seed}")
+        n, learners = parse_config(cfg)
+        return run_ours(algo, n, learners, seed, args,
+                        tmp / f"{algo}-np{n}-L{learners or 0}-seed{seed}")
 
-    return run_seeds(configs, seeds, run_one, TIME_KEY, errors, label=f"{algo} ")
+    return run_seeds(configs, seeds, run_one, TIME_KEY, errors, label=f"{algo} ", width=18)
 
 
 def summarize(records: dict, configs: list[str], seeds: list[int]) -> dict:
@@ -140,7 +168,7 @@ def print_tables(algo: str, medians: dict, configs: list[str], seeds: list[int],
         print(f"\n{algo.upper()} {args.env}, {title}, target {args.target:g}")
         head = "".join(f"{'seed ' + str(s):>10}" for s in seeds)
         peer_col = f"{'SB3/ours':>10}" if has_peer else ""
-        print(f"  {'config':<14}{head}{'median':>10}{'reached':>9}{peer_col}")
+        print(f"  {'config':<18}{head}{'median':>10}{'reached':>9}{peer_col}")
         for cfg in configs:
             m = medians[cfg]
             row = "".join(f"{fmt(v, spec):>10}" for v in m[each])
@@ -148,28 +176,44 @@ def print_tables(algo: str, medians: dict, configs: list[str], seeds: list[int],
             if has_peer:
                 col = f"{'':>10}" if cfg == peer else f"{ratio(medians[peer][key], m[key]):>10}"
             hits = f"{m['reached']}/{len(seeds)}"
-            print(f"  {cfg:<14}{row}{fmt(m[key], spec):>10}{hits:>9}{col}")
+            print(f"  {cfg:<18}{row}{fmt(m[key], spec):>10}{hits:>9}{col}")
+    scaling_goals(algo, medians, configs)
     if not has_peer:
         return None
     best = min(medians[peer]["times"])
     print(f"conservative, SB3's fastest seed ({fmt(best, '.1f')} s) / our median: " + ", ".join(
         f"{c.replace('pal_hpc ', '')} {ratio(best, medians[c]['time'])}"
         for c in configs if c != peer))
-    ours = f"pal_hpc -n {GOAL_NP}"
-    if ours not in medians:
-        return None
-    m, p = medians[ours], medians[peer]
-    speed, conservative = div(p["time"], m["time"]), div(best, m["time"])
-    steps = div(m["steps"], p["steps"])     # ours / SB3's: the goal bounds it from above
-    met = (speed is not None and conservative is not None and steps is not None
-           and speed >= GOAL_SPEEDUP and conservative >= GOAL_SPEEDUP and steps <= GOAL_STEPS)
+    goals = {}
     show = lambda v, s: "n/a" if v is None else format(v, s)  # noqa: E731
-    print(f"goal, -n {GOAL_NP} vs SB3 {algo.upper()}: >= {GOAL_SPEEDUP:g}x faster (median "
-          f"{show(speed, '.2f')}x, conservative {show(conservative, '.2f')}x) with env steps "
-          f"<= {GOAL_STEPS:g}x SB3's (ours/SB3 {show(steps, '.2f')}x): "
-          f"{'MET' if met else 'NOT MET'}")
-    return {"speedup_median": speed, "speedup_conservative": conservative,
-            "steps_ours_over_sb3": steps, "met": met}
+    for ours in (c for c in configs if c != peer and parse_config(c)[0] == GOAL_NP):
+        m, p = medians[ours], medians[peer]
+        speed, conservative = div(p["time"], m["time"]), div(best, m["time"])
+        steps = div(m["steps"], p["steps"])  # ours / SB3's: the goal bounds it from above
+        met = (speed is not None and conservative is not None and steps is not None
+               and speed >= GOAL_SPEEDUP and conservative >= GOAL_SPEEDUP
+               and steps <= GOAL_STEPS)
+        print(f"goal, {ours.replace('pal_hpc ', '')} vs SB3 {algo.upper()}: >= "
+              f"{GOAL_SPEEDUP:g}x faster (median {show(speed, '.2f')}x, conservative "
+              f"{show(conservative, '.2f')}x) with env steps <= {GOAL_STEPS:g}x SB3's "
+              f"(ours/SB3 {show(steps, '.2f')}x): {'MET' if met else 'NOT MET'}")
+        goals[ours] = {"speedup_median": speed, "speedup_conservative": conservative,
+                       "steps_ours_over_sb3": steps, "met": met}
+    return goals or None
+
+
+def scaling_goals(algo: str, medians: dict, configs: list[str]) -> None:
+    """Each -n GOAL_NP configuration's median time against -n 1's (the 1.6x goal)."""
+    one = next((c for c in configs if c.startswith("pal_hpc") and parse_config(c) == (1, None)),
+               None)
+    if one is None:
+        return
+    for cfg in (c for c in configs if c.startswith("pal_hpc") and parse_config(c)[0] == GOAL_NP):
+        speed = div(medians[one]["time"], medians[cfg]["time"])
+        verdict = "n/a" if speed is None else f"{speed:.2f}x: " + (
+            "MET" if speed >= GOAL_SCALING else "NOT MET")
+        print(f"scaling, {algo.upper()} {cfg.replace('pal_hpc ', '')} vs -n 1: >= "
+              f"{GOAL_SCALING:g}x sooner (median over median) {verdict}")
 
 
 def main() -> int:
@@ -195,10 +239,15 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.nps, args.total_steps = 1, "4", 20_000
-    nps = [int(x) for x in args.nps.split(",") if x.strip()]
+    try:
+        nps = parse_nps(args.nps)
+    except ValueError:
+        ap.error(f"--nps: comma-separated N or N/L (ranks / learners per node), got {args.nps!r}")
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
-    if args.seeds < 1 or not nps or min(nps) < 1:
-        ap.error("--seeds and every --nps value must be >= 1")
+    if args.seeds < 1 or not nps or min(n for n, _ in nps) < 1 or \
+            any(lrn is not None and not 1 <= lrn < n for n, lrn in nps):
+        ap.error("--seeds and every --nps value must be >= 1, and a learner count L in "
+                 "N/L between 1 and N - 1")
     if not algos or any(a not in OURS_FLAGS for a in algos):
         ap.error(f"--algos: choose from {', '.join(OURS_FLAGS)}")
     seeds = list(range(args.seeds))
@@ -213,13 +262,13 @@ def main() -> int:
 
     out = {"env": args.env, "target": args.target, "total_steps": args.total_steps,
            "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,
-           "time_key": TIME_KEY, "seeds": seeds, "nps": nps, "cores": os.cpu_count(),
+           "time_key": TIME_KEY, "seeds": seeds, "nps": args.nps, "cores": os.cpu_count(),
            "sb3_version": sb3, "algos": {}, "errors": []}
     errors: list[str] = out["errors"]
     enc = lambda v: None if math.isinf(v) else v  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="bench_continuous-") as tmp:
         for algo in algos:
-            configs = [f"pal_hpc -n {n}" for n in nps] + ([peer_name(algo)] if sb3 else [])
+            configs = [config_name(n, lrn) for n, lrn in nps] + ([peer_name(algo)] if sb3 else [])
             records = run_algo(algo, configs, seeds, args, Path(tmp), errors)
             medians = summarize(records, configs, seeds)
             goal = print_tables(algo, medians, configs, seeds, args, bool(sb3))

@@ -10,6 +10,13 @@ rollout collection per env step (train_freq 256 steps between trainings).  One t
 thread, as pal_hpc's ranks.
 
     .venv-peers/bin/python bench/profile_sb3.py [--fill 5000] [--rounds 5]
+    .venv-peers/bin/python bench/profile_sb3.py --algo td3|sac [--rounds 5]
+
+--algo td3 or sac times SB3's TD3 / SAC with the zoo's Pendulum-v1 settings (as
+bench/peer_sb3_continuous.py): model.train(gradient_steps=128, batch_size=256) per
+gradient step, best of --rounds, and learn()'s wall per env step while it trains
+(one env step and one gradient step each): the peer side of
+`bench/profile_learner.py --algo td3|sac`.
 """
 
 from __future__ import annotations
@@ -20,7 +27,35 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from stable_baselines3 import DQN
+from stable_baselines3 import DQN, SAC, TD3
+from stable_baselines3.common.noise import NormalActionNoise
+
+
+def continuous(algo: str, rounds: int) -> None:
+    """SB3 TD3/SAC on Pendulum-v1 (the zoo's settings): time per gradient step."""
+    if algo == "td3":
+        model = TD3("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, gamma=0.98,
+                    buffer_size=200_000, learning_starts=1000, batch_size=256,
+                    action_noise=NormalActionNoise(np.zeros(1), 0.1 * np.ones(1)),
+                    policy_kwargs={"net_arch": [400, 300]}, seed=0, device="cpu")
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256,
+                    learning_starts=1000, seed=0, device="cpu")
+    model.learn(1000)                       # the random phase only: fills the replay
+    t0 = time.perf_counter()
+    model.learn(1000, reset_num_timesteps=False)    # 1 env step + 1 gradient step each
+    per_step = (time.perf_counter() - t0) / 1000
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        model.train(gradient_steps=128, batch_size=256)
+        best = min(best, (time.perf_counter() - t0) / 128)
+    width = "[400, 300]" if algo == "td3" else "[256, 256]"
+    print(f"SB3 {algo.upper()} Pendulum-v1 update (batch 256, {width}), 1 thread")
+    print(f"  model.train(), per gradient step (best of {rounds} x 128): "
+          f"{best * 1e3:6.2f} ms = {1 / best:,.0f} updates/s")
+    print(f"  learn() wall per env step while training (one gradient step each): "
+          f"{per_step * 1e3:6.2f} ms, of which collection {(per_step - best) * 1e3:.2f} ms")
 
 
 def main() -> None:
@@ -28,8 +63,12 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fill", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=5, help="train() calls of 128 steps")
+    ap.add_argument("--algo", default="dqn", choices=("dqn", "td3", "sac"))
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.algo != "dqn":
+        continuous(args.algo, args.rounds)
+        return
     model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64,
                 buffer_size=100_000, learning_starts=1000, gamma=0.99,
                 target_update_interval=10, train_freq=256, gradient_steps=128,
