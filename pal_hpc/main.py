@@ -92,15 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.run_dir:           # one timestamped directory for the whole job
             cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
 
+        from pal_hpc.algos.nets import bf16_cpu_note
         from pal_hpc.cluster.topology import build_topology, uneven_nodes_note
         from pal_hpc.plan import plan_at_startup
         from pal_hpc.runtime.entry import train
 
         plan = plan_at_startup(world, cfg)     # None unless a per-node count is auto
         topo = build_topology(world, cfg, plan)
-        note = uneven_nodes_note(topo.node_sizes, cfg.ranks_per_node)
-        if rank == 0 and note:
-            print(note, flush=True)
+        notes = (uneven_nodes_note(topo.node_sizes, cfg.ranks_per_node),
+                 bf16_cpu_note(getattr(cfg.algo_config, "precision", "fp32"), cfg.device))
+        for note in notes:
+            if rank == 0 and note:
+                print(note, flush=True)
         _injected_rejection(rank)
         status = train(cfg, topo)
         topo.free()                   # collective: only once every rank got here

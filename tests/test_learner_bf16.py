@@ -120,3 +120,31 @@ def test_bf16_outputs_keep_fp32_resolution_at_large_values():
     assert (gaps[:, -1] - gaps[:, -2]).median() < 0.0078     # finer than bf16 near -1.3
     assert (q16 - q32).abs().max() < 0.0039
     assert (q16.argmax(1) == q32.argmax(1)).float().mean() >= 0.95
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch):
+    """bf16 emulated in fp32 (no AVX512-BF16) is several times slower than fp32: the
+    note names the flag's way out; it stays silent for fp32, a GPU, or a bf16 CPU."""
+    from pal_hpc.algos import nets
+
+    monkeypatch.setattr(nets, "cpu_has_bf16", lambda: False)
+    note = nets.bf16_cpu_note("bf16", "cpu")
+    assert note is not None and "--precision fp32" in note and "AVX512-BF16" in note
+    assert nets.bf16_cpu_note("fp32", "cpu") is None
+    assert nets.bf16_cpu_note("bf16", "cuda") is None
+    monkeypatch.setattr(nets, "cpu_has_bf16", lambda: True)
+    assert nets.bf16_cpu_note("bf16", "cpu") is None
+
+
+def test_the_bf16_note_reaches_the_start_up_output(tmp_path):
+    """The real entry point prints the note exactly when this CPU lacks native bf16."""
+    import subprocess
+
+    from conftest import mpi_env, pal_cmd
+    from pal_hpc.algos.nets import cpu_has_bf16
+
+    proc = subprocess.run(pal_cmd(1, tmp_path / "run", "--algo", "dqn", "--env", "CartPole-v1",
+                                  "--precision", "bf16", "--total-steps", "600"),
+                          env=mpi_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("without native bfloat16" in proc.stdout) == (not cpu_has_bf16()), proc.stdout
