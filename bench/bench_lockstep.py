@@ -39,7 +39,10 @@ RGB frames (plain gym.make("ALE/Pong-v5")) and preprocessed; LockstepVectorEnv w
 workers (--workers, default 1,2) beside the paper's Ray baseline (one @ray.remote actor
 per env drawing its own action, one ray.get per round), each ratio beside the paper's
 (1.21x on Gym, 11.6x on Atari).  The peer python is --peer-python, default
-$PAL_PEER_PYTHON, else .venv-peers/bin/python.
+$PAL_PEER_PYTHON, else .venv-peers/bin/python.  Each row also measures one env stepped
+bare in one process ("plain"): min(cores, 15) x that rate is what any engine can step
+on this machine, so "ceiling/ray" is the largest ratio over Ray that this machine
+allows; where it is below the paper's, the paper's ratio is out of reach here.
 """
 
 from __future__ import annotations
@@ -243,7 +246,8 @@ def paper(args) -> int:
     print(f"  ours: LockstepVectorEnv(15 envs, num_workers=W), W in {workers}; ray: one "
           f"@ray.remote actor per env, one ray.get per round ({args.peer_python})")
     print(f"{'env':<18}" + "".join(f"{'W=' + str(w):>10}" for w in workers) + f"{'ray':>10}"
-          + "".join(f"{'W=' + str(w) + '/ray':>10}" for w in workers) + "     paper  best vs paper")
+          + "".join(f"{'W=' + str(w) + '/ray':>10}" for w in workers)
+          + f"{'plain':>10}{'ceil/ray':>10}     paper  best vs paper")
     records, failed = [], False
     for env in envs:
         kind = "gym" if env in ("cartpole", "blackjack", "pendulum") else "atari"
@@ -251,8 +255,11 @@ def paper(args) -> int:
         ray = run_worker("ray", PAPER_WORKER, base, args)
         ours = [run_worker("lockstep", PAPER_WORKER, base + ["--workers", str(w)], args)
                 for w in workers]
-        for rec, engine, w in [(ray, "ray", 0)] + [(o, "lockstep", w) for o, w in
-                                                   zip(ours, workers)]:
+        plain = run_worker("plain", PAPER_WORKER, ["--env", env, "--num-envs", "1"], args)
+        ceiling = ({"steps_per_s": min(cores, 15) * plain["steps_per_s"]}
+                   if "steps_per_s" in plain else {})
+        for rec, engine, w in [(ray, "ray", 0), (plain, "plain", 1)] + [
+                (o, "lockstep", w) for o, w in zip(ours, workers)]:
             rec.update(engine=engine, env=env, workers=w, paper=True)
             records.append(rec)
             if engine == "lockstep" and "skipped" in rec:
@@ -262,10 +269,14 @@ def paper(args) -> int:
         want = PAPER_RATIO[kind]
         verdict = "--" if best is None else ("met" if best >= want else "NOT met")
         label = env + (" (raw)" if kind == "atari" and not env.endswith("-pre") else "")
+        cap = ratio(ceiling, ray)
+        if best is not None and best < want and cap is not None and cap < want:
+            verdict += " (out of reach here)"
         print(f"{label:<18}" + "".join(f"{fmt_rate(o):>10}" for o in ours) +
               f"{fmt_rate(ray):>10}" + "".join(f"{fmt_ratio(r):>10}" for r in rs) +
+              f"{fmt_rate(plain):>10}{fmt_ratio(cap):>10}"
               f"{want:>9.2f}x  {verdict}", flush=True)
-        for rec in [ray] + ours:
+        for rec in [ray, plain] + ours:
             if "skipped" in rec:
                 print(f"  skipped {rec['engine']} W={rec['workers']}: {rec['skipped']}")
     if args.json:

@@ -12,6 +12,8 @@ steps, resets on an episode end and returns the whole step result; the driver ca
     lockstep  pal_hpc.envs.LockstepVectorEnv(15 envs, num_workers=W), copy=True, random
               actions drawn up front (project venv)
     ray       the paper's baseline as above (peer venv: .venv-peers)
+    plain     one env in this process, a bare step/reset loop with random actions: what
+              one core can step, so min(cores, 15) x plain bounds every engine here
 
 Envs: cartpole, blackjack, pendulum (CartPole-v1, Blackjack-v1 -- a Tuple observation --,
 Pendulum-v1: the paper's Pendulum-v0 is gone from gymnasium); pong, mspacman,
@@ -102,6 +104,19 @@ def run(args) -> dict:
         rate = timed(lambda k: ray.get([w.step.remote(int(k[0])) for w in workers]), n,
                      rounds, args.seconds, args.warmup)
         ray.shutdown()
+    elif args.engine == "plain":
+        env = make()
+        env.reset(seed=0)
+        actions = draw(space, np.random.default_rng(0), (4096, 1))
+
+        def step(a):
+            result = env.step(int(a[0]) if a[0].ndim == 0 else a[0])
+            if result[2] or result[3]:
+                env.reset()
+
+        n = 1
+        rate = timed(step, 1, actions, args.seconds, args.warmup)
+        env.close()
     else:
         raise SystemExit(f"--engine: unknown {args.engine!r}")
     return {"engine": args.engine, "env": args.env, "workers": args.workers,
@@ -111,7 +126,7 @@ def run(args) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", choices=["lockstep", "ray"], required=True)
+    p.add_argument("--engine", choices=["lockstep", "ray", "plain"], required=True)
     p.add_argument("--env", choices=ENVS, required=True)
     p.add_argument("--workers", type=int, default=2, help="LockstepVectorEnv workers")
     p.add_argument("--num-envs", type=int, default=15)
