@@ -7,7 +7,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 NP      ?= 4
 ARGS    ?=
 # Outer limits, one per pytest pass (MPI tests also carry their own timeouts).  The
-# suite without the tests marked slow took about 22 min and the slow ones 13.5 min on
+# suite without the tests marked slow took 19:53 and the slow ones 12:08 (13.5 min) on
 # an AVX2-only 2-core EPYC (Zen 1); in one pass they overran 30 min there.
 TEST_TIMEOUT ?= 1800
 SLOW_TEST_TIMEOUT ?= 1500
