@@ -42,8 +42,8 @@ target, the median over seeds, how many seeds reached it, and SB3's median / our
 (above 1: pal_hpc is faster, or needed fewer env steps).  A seed that did not reach the
 target (or whose run failed) enters the median as +infinity.  Then the conservative
 ratio, SB3's fastest seed / our median, and the goal check for -n 4: at least 3x
-faster than SB3 by median and by the conservative ratio, with no more than 1.5x SB3's
-median env steps to the target (issue 20: 1.2x), and the scaling check: -n 4 at least
+faster than SB3 by median and by the conservative ratio, with no more than 1.2x SB3's
+median env steps to the target, and the scaling check: -n 4 at least
 1.6x sooner than -n 1.  An --nps entry N/L runs -n N with L learners per node
 (`--learners-per-node L`), so one run can set the default layout and a split batch
 over several learners side by side: `--nps 1,4,4/2`.
