@@ -22,21 +22,22 @@ Hyperparameters.
     normalize_advantage False, separate pi / vf MLPs [64, 64] (tanh), 8 environments in
     a DummyVecEnv (the zoo's default vector env).
   - pal_hpc PAAC, three settings (--settings, all by default):
-    paper: its defaults, the paper's (released code's): t_max 5, 33 environments at
-    -n 4 (32 rounded up to a multiple of the 3 worker ranks), RMSProp lr 0.0224
+    paper: its defaults, the paper's (released code's): t_max 5, 32 environments
+    (33 at -n 4 with --master-envs 0: a multiple of the 3 worker ranks), RMSProp lr 0.0224
     annealed linearly to 0 over --total-steps, TensorFlow-style with decay 0.99 and eps
     0.1, global gradient-norm clip 3.0, entropy 0.02, loss x 5 with value_coef 0.25 (the
     released code's), gamma 0.99, a shared ReLU MLP torso [64, 64] with policy and
     value heads; no reward clipping (vector observations).
-    zoo: the same hyperparameters as the SB3 peer, as PAAC flags (ZOO_FLAGS): 9
-    environments (8 rounded up to the 3 worker ranks), lr 7e-4 constant, torch-style
+    zoo: the same hyperparameters as the SB3 peer, as PAAC flags (ZOO_FLAGS): 8
+    environments (9 at -n 4 with --master-envs 0, a multiple of the 3 worker ranks;
+    under auto, the default, the layout takes any count), lr 7e-4 constant, torch-style
     RMSprop eps 1e-5, clip 0.5, entropy 0, separate tanh MLPs [64, 64] for policy and
     value, orthogonal initialization.  This row compares the two runtimes on one
     algorithm with one set of hyperparameters; the paper row shows what PAAC's own
     settings, tuned for Atari, give on CartPole.
-    zoo32: the zoo's settings with PAAC's batch, 32 environments (33 at -n 4), and
-    PAAC's rule that the learning rate grows with the environments (the paper's
-    0.0007 x n_e): 7e-4 x 33 / 8 = 2.9e-3.  More environments per round spread the
+    zoo32: the zoo's settings with PAAC's batch, 32 environments (33 at -n 4 with
+    --master-envs 0), and PAAC's rule that the learning rate grows with the
+    environments (the paper's 0.0007 x n_e): 7e-4 x 32 / 8 = 2.8e-3.  More environments per round spread the
     round's fixed costs (a lockstep handoff per step, one update) over more steps.
     Both sides are advantage actor-critic with 5-step bootstrapped returns.
 
@@ -72,7 +73,7 @@ PEER = "sb3-a2c"
 GOAL_SPEEDUP = 3.0
 GOAL_NP = 4
 # SB3 A2C's CartPole hyperparameters (bench/peer_sb3_a2c.py) as PAAC flags; --num-envs is
-# 8 rounded up to a multiple of the worker ranks at -n 4 (see run_ours).
+# 8, rounded up to a multiple of the worker ranks under --master-envs 0 (settings_flags).
 ZOO_FLAGS = ["--lr", "7e-4", "--no-lr-anneal", "--rms-style", "torch", "--rms-eps", "1e-5",
              "--grad-clip", "0.5", "--entropy", "0", "--value-coef", "0.5", "--loss-scale", "1",
              "--activation", "tanh", "--no-shared-torso", "--init", "orthogonal"]
@@ -81,11 +82,12 @@ PAAC_ENVS = 32
 SETTINGS = ("paper", "zoo", "zoo32")
 
 
-def settings_flags(settings: str, np_: int) -> list[str]:
-    """PAAC's flags for `settings` at -n np_ (np_ - 1 worker ranks share the envs)."""
+def settings_flags(settings: str, np_: int, master_envs: str = "auto") -> list[str]:
+    """PAAC's flags for `settings` at -n np_ (np_ - 1 worker ranks share the envs; under
+    --master-envs auto or all, any count fits the layout: the zoo's 8 stay 8)."""
     if settings == "paper":
         return []
-    workers = np_ - 1
+    workers = 1 if master_envs in ("auto", "all") else np_ - 1
     if settings == "zoo":
         return ZOO_FLAGS + ["--num-envs", str(-(-ZOO_ENVS // workers) * workers)]
     envs = -(-PAAC_ENVS // workers) * workers
@@ -96,7 +98,8 @@ def settings_flags(settings: str, np_: int) -> list[str]:
 
 def run_ours(np_: int, settings: str, seed: int, args, run_dir: Path) -> dict:
     cmd = pal_main(np_, "--algo", "paac", "--env", args.env, "--seed", str(seed),
-                   *settings_flags(settings, np_), "--master-envs", args.master_envs,
+                   *settings_flags(settings, np_, args.master_envs),
+                   "--master-envs", args.master_envs,
                    "--total-steps", str(args.total_steps), "--target-return", str(args.target),
                    "--eval-every", str(args.eval_every),
                    "--eval-episodes", str(args.eval_episodes),

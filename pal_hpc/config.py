@@ -36,6 +36,7 @@ MAX_REPLAY_RATIO = 1e6
 # actors_per_node / learners_per_node: a count, a fraction, 0 (the fixed default split)
 # or AUTO (the planner, pal_hpc.plan, picks the split at start-up).
 AUTO = "auto"
+ALL = "all"                 # --master-envs all: a node's master steps all its envs
 PerNode = float | str
 
 _f = option
@@ -76,13 +77,16 @@ class Config:
                                 "virtual nodes of k ranks (each with its own replay buffer)")
     device: str = _f("auto", "learner device: auto = CUDA when available, else CPU",
                      choices=DEVICES)
-    master_envs: PerNode = _f(0.0, "on-policy (paac): environments of each node that its "
-                                   "master steps itself while the worker ranks step the "
-                                   "rest (the same results, less handoff); an integer "
-                                   ">= 0, or auto = an equal share for every rank of the "
-                                   "node, none on a host with more ranks than cores (a "
-                                   "rule from measurements, see docs/paac.md); a node "
-                                   "of one rank's master steps them all")
+    master_envs: PerNode = _f(AUTO, "on-policy (paac): environments of each node that its "
+                                    "master steps itself while the worker ranks step the "
+                                    "rest (the same results, less handoff); an integer "
+                                    ">= 0; all = every env (the other ranks wait idle); "
+                                    "auto = all when a step of the node's envs costs "
+                                    "under 1 ms (timed at start-up), else none on a host "
+                                    "with more ranks than cores, else an equal share for "
+                                    "every rank of the node (a rule from measurements, "
+                                    "see docs/paac.md); a node of one rank's master "
+                                    "steps them all")
 
     # Evaluation.
     eval_every: int = _f(5_000, "global env steps between greedy evaluations (0 = only at "
@@ -249,10 +253,10 @@ class Config:
             or self.round_steps % self.envs_per_actor == 0,
             f"must be a multiple of envs_per_actor ({self.envs_per_actor}): each of an "
             f"actor's envs takes round_steps / envs_per_actor steps per round")
-        req("master_envs", self.master_envs == AUTO or (
+        req("master_envs", self.master_envs in (AUTO, ALL) or (
             not isinstance(self.master_envs, (bool, str)) and self.master_envs >= 0
             and float(self.master_envs).is_integer()),
-            "must be auto or an integer >= 0 (the environments a node's master steps)")
+            "must be auto, all or an integer >= 0 (the environments a node's master steps)")
         check_per_node("actors_per_node", self.actors_per_node)
         check_per_node("learners_per_node", self.learners_per_node)
         for name in ("actors_per_node", "learners_per_node"):

@@ -18,7 +18,7 @@ from pal_hpc.cluster.launch import pal_main
 from pal_hpc.config import ConfigError
 from pal_hpc.envs.lockstep import LockstepError, LockstepVectorEnv
 from pal_hpc.io.metrics import read_run_metrics
-from pal_hpc.runtime.onpolicy.layout import auto_share, node_layout
+from pal_hpc.runtime.onpolicy.layout import MASTER_ALONE_BELOW_S, auto_share, node_layout
 
 
 def _make():
@@ -126,6 +126,18 @@ def test_node_layout():
     assert node_layout(0, "auto", 3, crowded=True) == (33, 0)   # as with no share
     assert node_layout(0, "auto", 1, crowded=True) == (32, 0)
     assert node_layout(8, 4.0, 2, crowded=True) == (8, 4)       # a number is kept
+    assert node_layout(9, "auto", 3, crowded=True) == (9, 0)
+    assert node_layout(8, "auto", 3, crowded=True) == (8, 2)    # the least even share
+    # all: the master steps every env, whatever the workers; auto too when a step of
+    # them all costs it under MASTER_ALONE_BELOW_S.
+    assert node_layout(0, "all", 3) == (32, 32)
+    assert node_layout(8, "all", 3) == (8, 8)
+    cheap = MASTER_ALONE_BELOW_S / 32 * 0.99
+    assert node_layout(0, "auto", 3, step_s=cheap) == (32, 32)
+    assert node_layout(0, "auto", 3, crowded=True, step_s=cheap) == (32, 32)
+    assert node_layout(8, "auto", 3, step_s=MASTER_ALONE_BELOW_S / 8 * 1.01) == (8, 2)
+    assert node_layout(0, "auto", 3, crowded=True, step_s=1e-3) == (33, 0)
+    assert node_layout(0, 0, 3, step_s=cheap) == (33, 0)        # a number is kept
     for n in range(3, 40):
         for w in (1, 2, 3):
             if n > w:
@@ -163,11 +175,13 @@ def _result(run_dir):
 
 @pytest.mark.mpi
 def test_paac_is_bit_identical_with_and_without_the_share(tmp_path):
-    """One node: -n 3 without a share, with one of 4 and with auto, and -n 1 (the master
-    steps all 8): one final digest and the same episodes, each logged once."""
+    """One node: -n 3 without a share, with one of 4, with all (the workers idle) and
+    with auto (the default), and -n 1 (the master steps all 8): one final digest and
+    the same episodes, each logged once."""
     base = ["--num-envs", "8", "--total-steps", "4000"]
-    runs = {"n3": (3, []), "n3-share4": (3, ["--master-envs", "4"]),
-            "n3-auto": (3, ["--master-envs", "auto"]), "n1": (1, ["--master-envs", "3"])}
+    runs = {"n3": (3, ["--master-envs", "0"]), "n3-share4": (3, ["--master-envs", "4"]),
+            "n3-all": (3, ["--master-envs", "all"]), "n3-auto": (3, []),
+            "n1": (1, ["--master-envs", "3"])}
     results = {}
     for name, (n, flags) in runs.items():
         proc = _launch(n, tmp_path / name, *base, *flags)
@@ -176,8 +190,14 @@ def test_paac_is_bit_identical_with_and_without_the_share(tmp_path):
     s, digest, rows = results["n3"]
     assert s["master_envs"] == [0] and len(rows) > 20
     assert results["n3-share4"][0]["master_envs"] == [4]
-    crowded = 3 > len(os.sched_getaffinity(0))         # auto: no share on a crowded host
-    assert results["n3-auto"][0]["master_envs"] == [0 if crowded else auto_share(8, 2)]
+    s_all = results["n3-all"][0]
+    assert s_all["master_envs"] == [8] and s_all["idle_ranks"] == 2
+    assert s_all["env_worker_busy"] is None and s_all["env_step_s"] is None
+    crowded = 3 > len(os.sched_getaffinity(0))
+    s_auto = results["n3-auto"][0]                      # the rule on the measured step
+    assert 0 < s_auto["env_step_s"] < 0.01
+    assert s_auto["master_envs"] == [node_layout(8, "auto", 2, crowded,
+                                                 s_auto["env_step_s"])[1]]
     assert results["n1"][0]["master_envs"] == [8] and results["n1"][0]["env_workers"] == 0
     assert {r[1] for r in rows} == set(range(8))       # the share's envs log episodes too
     for name, (s2, d2, rows2) in results.items():
@@ -215,8 +235,8 @@ def test_virtual_nodes_with_a_share_match_and_resume_exactly(tmp_path):
     (["--num-envs", "9", "--master-envs", "9"],
      "master_envs: 9 of num_envs 9 leaves 0 environments for 3 worker ranks"),
     (["--num-envs", "9", "--master-envs", "2"], "master_envs: 2 of num_envs 9 leaves 7"),
-    (["--master-envs", "1.5"], "master_envs: must be auto or an integer >= 0"),
-    (["--master-envs", "-1"], "master_envs: must be auto or an integer >= 0"),
+    (["--master-envs", "1.5"], "master_envs: must be auto, all or an integer >= 0"),
+    (["--master-envs", "-1"], "master_envs: must be auto, all or an integer >= 0"),
 ])
 def test_bad_shares_are_refused_before_work(tmp_path, flags, message):
     proc = _launch(4, tmp_path / "run", *flags, timeout=60)

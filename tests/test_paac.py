@@ -20,7 +20,7 @@ import torch
 from conftest import ROOT, STOP_SIGNAL, mpi_env
 from pal_hpc.algos import ALGOS, PAAC
 from pal_hpc.algos.optim import FlatRMSProp
-from pal_hpc.algos.paac import PAACConfig, nstep_returns, resolve_num_envs
+from pal_hpc.algos.paac import PAACConfig, nstep_returns, resolve_num_envs, sample_actions
 from pal_hpc.cluster.launch import pal_main
 from pal_hpc.config import ConfigError
 from pal_hpc.config_io import config_from_dict, config_to_dict, load_config
@@ -31,8 +31,8 @@ OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 
 
 def make(seed=0, gamma=GAMMA, **fields) -> PAAC:
-    return PAAC(OBS, gym.spaces.Discrete(3), PAACConfig(hidden=[16], **fields), seed=seed,
-                gamma=gamma)
+    return PAAC(OBS, gym.spaces.Discrete(3), PAACConfig(**{"hidden": [16], **fields}),
+                seed=seed, gamma=gamma)
 
 
 def rollout(rng, t_max=5, n=4, dones=()):
@@ -342,6 +342,53 @@ def test_tanh_activation_and_orthogonal_init():
     assert any(isinstance(m, torch.nn.ReLU) for m in default.net.modules())
 
 
+@pytest.mark.parametrize("fields", [{}, {"activation": "tanh", "shared_torso": False},
+                                    {"hidden": [32, 16]}])
+def test_numpy_acting_follows_the_torch_network(fields):
+    """Small MLPs on the CPU act through numpy (NumpyLogits): its logits are the torch
+    network's, also after updates and after loading a state, and the actions drawn
+    from them are those drawn from torch's logits with the same generator state."""
+    rng = np.random.default_rng(4)
+    a = make(seed=8, **fields)
+    assert a._np_logits is not None
+    obs = rng.normal(size=(9, 4)).astype(np.float32)
+
+    def check():
+        with torch.no_grad():
+            want = a.net.logits(torch.as_tensor(obs))
+        np.testing.assert_allclose(a._np_logits(obs), want.numpy(), rtol=1e-5, atol=1e-5)
+        g1, g2 = np.random.default_rng(1), np.random.default_rng(1)
+        np.testing.assert_array_equal(a.act(obs, g1), a._act_torch(obs, g2))
+        assert g1.random() == g2.random()           # one draw each, no more
+
+    check()
+    for _ in range(3):                               # the views see every update
+        a.apply_gradients("ac", grad_of(a, rollout(rng)))
+    check()
+    other = make(seed=99, **fields)
+    a.load_state_dict(other.state_dict())            # ... and a loaded state
+    check()
+    a.net.float()                                    # a no-op move keeps the storage
+    check()
+
+
+def test_frames_gpus_and_bf16_act_through_torch():
+    assert make(precision="bf16")._np_logits is None
+    frames = PAAC(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(3),
+                  PAACConfig(), seed=0)
+    assert frames._np_logits is None
+
+
+def test_sampling_takes_torch_or_numpy_logits_alike():
+    logits = np.random.default_rng(2).normal(size=(50, 4)).astype(np.float32) * 3
+    a = sample_actions(logits, np.random.default_rng(7))
+    b = sample_actions(torch.as_tensor(logits), np.random.default_rng(7))
+    np.testing.assert_array_equal(a, b)
+    assert a.dtype == np.int64 and set(a.tolist()) <= {0, 1, 2, 3}
+    big = np.array([[0.0, 50.0, 0.0]] * 20, np.float32)       # no overflow: max first
+    assert (sample_actions(big, np.random.default_rng(0)) == 1).all()
+
+
 def test_bf16_precision_is_close_to_fp32_and_keeps_fp32_state():
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     rng = np.random.default_rng(13)
@@ -399,10 +446,13 @@ def summary(run_dir):
 @pytest.mark.parametrize("n", [1, 3])
 def test_trains_and_logs_through_the_entry_point(tmp_path, n):
     run_dir = tmp_path / "run"
-    proc = launch(n, run_dir, "--total-steps", "4000", "--eval-every", "2000")
+    # With workers, --master-envs 0 has them step every env (auto would keep CartPole's
+    # cheap envs on the master: tests/test_master_share.py).
+    share = ["--master-envs", "0"] if n > 1 else []
+    proc = launch(n, run_dir, "--total-steps", "4000", "--eval-every", "2000", *share)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = summary(run_dir)
-    envs = 32                         # 0 or 2 workers: auto keeps the paper's 32
+    envs = 32                         # 0 or 2 workers: 32 envs, the paper's
     assert s["algo"] == "paac" and s["masters"] == 1 and s["env_workers"] == n - 1
     assert s["num_envs"] == [envs] and s["steps_per_update"] == 5 * envs
     assert s["env_steps"] >= 4000 and s["updates"] == -(-4000 // (5 * envs))
@@ -505,7 +555,8 @@ def test_sigterm_checkpoints_and_resume_is_exact(tmp_path):
 def test_checkpoints_while_training(tmp_path):
     run_dir = tmp_path / "run"
     proc = launch(3, run_dir, "--total-steps", "150000", "--eval-every", "0",
-                  "--checkpoint-every", "0.3", "--keep-checkpoints", "10")
+                  "--checkpoint-every", "0.3", "--keep-checkpoints", "10",
+                  "--master-envs", "0")            # the workers step: they checkpoint too
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = summary(run_dir)
     files = sorted((run_dir / "checkpoints").glob("step_*.h5"))
@@ -515,11 +566,13 @@ def test_checkpoints_while_training(tmp_path):
 
 
 @pytest.mark.mpi
-def test_a_failing_master_ends_the_job(tmp_path):
+@pytest.mark.parametrize("share", ["0", "all"])
+def test_a_failing_master_ends_the_job(tmp_path, share):
+    """With workers stepping (0) and with them idle in their barrier (all)."""
     env = mpi_env(PAL_HPC_INJECT_FAULT="0:0.5")
     t0 = time.monotonic()
     proc = subprocess.run(pal_main(3, *FAST, "--run-dir", str(tmp_path / "run"),
-                                   "--total-steps", "100000000"),
+                                   "--total-steps", "100000000", "--master-envs", share),
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
     assert proc.returncode != 0
     assert "injected fault on rank 0" in proc.stderr
@@ -528,7 +581,8 @@ def test_a_failing_master_ends_the_job(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("flags, message", [
-    (["--num-envs", "16"], "num_envs: 16 environments cannot be shared evenly by 3 worker"),
+    (["--num-envs", "16", "--master-envs", "0"],
+     "num_envs: 16 environments cannot be shared evenly by 3 worker"),
     (["--env", "Pendulum-v1"], "env: paac needs a Discrete action space; Pendulum-v1 has Box"),
     (["--learners-per-node", "2"], "learners_per_node: --algo paac runs one master per node"),
     (["--async-update", "--no-overlap"], "async_update: needs --overlap"),

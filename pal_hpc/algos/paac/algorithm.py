@@ -23,7 +23,7 @@ from pal_hpc.algos.nets import FlatParams, is_image, seeded
 from pal_hpc.algos.optim import FlatRMSProp
 from pal_hpc.algos.paac.config import PRESETS, PAACConfig
 from pal_hpc.algos.paac.loss import actor_critic_loss, check_batch
-from pal_hpc.algos.paac.network import ActorCritic, PAACPolicy, sample_actions
+from pal_hpc.algos.paac.network import ActorCritic, NumpyLogits, PAACPolicy, sample_actions
 from pal_hpc.options import ConfigError
 
 
@@ -65,6 +65,9 @@ class PAAC(OnePhaseAlgorithm):
             obs_space, self.n_actions, config.cnn, tuple(config.hidden), config.activation,
             config.shared_torso, config.init))
         self.net.to(self.device)
+        # Small MLPs on the CPU act through numpy: torch's per-op cost is most of it.
+        self._np_logits = (NumpyLogits(self.net)
+                           if NumpyLogits.fits(self.net, self.device, self.bf16) else None)
         self._params = FlatParams([self.net], self.device)
         self._flat, self._flat_grad = self._params.flat, self._params.grad
         tf_style = config.rms_style == "tf"
@@ -88,10 +91,15 @@ class PAAC(OnePhaseAlgorithm):
     def policy_params(self) -> np.ndarray:
         return self.get_flat_params()
 
-    @torch.inference_mode()
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Sampled actions (N,) int64 for a batch of observations: the master's batched
         forward pass, on its device."""
+        if self._np_logits is not None:
+            return sample_actions(self._np_logits(obs), rng)
+        return self._act_torch(obs, rng)
+
+    @torch.inference_mode()
+    def _act_torch(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         x = self._obs(obs)
         if not self.bf16:
             return sample_actions(self.net.logits(x), rng)

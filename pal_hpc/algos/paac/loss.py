@@ -81,23 +81,38 @@ def actor_critic_loss(logits: torch.Tensor, values: torch.Tensor,
     returns = torch.as_tensor(
         nstep_returns(rewards, values.detach().cpu().numpy(), batch["terminated"],
                       batch["truncated"], gamma), dtype=torch.float32, device=device)
-    mask = torch.as_tensor(np.asarray(batch["valid"]), dtype=torch.float32, device=device)
-    count = mask.sum().clamp(min=1.0)
+    valid = np.asarray(batch["valid"])
+    # Rounds without a reset step (most) skip the mask, and a zero entropy weight skips
+    # the entropy: x * 1.0 and y - 0.0 * H are exact, so the loss is the same to the
+    # bit; each skipped op saves its forward and backward (torch's cost per op is most
+    # of a small network's update).
+    mask = None if valid.all() else torch.as_tensor(valid, dtype=torch.float32,
+                                                      device=device)
+    count = float(max(valid.sum(), 1))
     v = values[:t_max]
     adv = returns - v.detach()
     log_probs = torch.log_softmax(logits, dim=-1)
     action = torch.as_tensor(np.asarray(batch["action"]), dtype=torch.int64, device=device)
     log_pi = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    policy_loss = -(log_pi * adv * mask).sum() / count
-    value_loss = ((returns - v) ** 2 * mask).sum() / count
-    mean_entropy = (entropy * mask).sum() / count
-    total = loss_scale * (policy_loss + value_coef * value_loss - entropy_coef * mean_entropy)
+
+    def masked_mean(x: torch.Tensor) -> torch.Tensor:
+        return (x if mask is None else x * mask).sum() / count
+
+    policy_loss = -masked_mean(log_pi * adv)
+    value_loss = masked_mean((returns - v) ** 2)
+    total = policy_loss + value_coef * value_loss
+    mean_entropy = None
+    if entropy_coef != 0 or metrics:
+        mean_entropy = masked_mean(-(log_probs.exp() * log_probs).sum(-1))
+        if entropy_coef != 0:
+            total = total - entropy_coef * mean_entropy
+    if loss_scale != 1:
+        total = loss_scale * total
     stats: dict[str, float] = {}
     if metrics:
         parts = torch.stack([total.detach(), policy_loss.detach(), value_loss.detach(),
-                             mean_entropy.detach(), (v.detach() * mask).sum() / count,
-                             (adv.abs() * mask).sum() / count]).tolist()
+                             mean_entropy.detach(), masked_mean(v.detach()),
+                             masked_mean(adv.abs())]).tolist()
         stats = dict(zip(("loss", "policy_loss", "value_loss", "entropy", "value_mean",
                           "advantage_abs_mean"), parts))
     return total, stats

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from pal_hpc.algos import ALGOS
 from pal_hpc.cluster.collectives import on_rank0, wait_all
 from pal_hpc.cluster.topology import pick_device
-from pal_hpc.config import ConfigError
+from pal_hpc.config import AUTO, ConfigError
 from pal_hpc.envs import LockstepVectorEnv, make_env
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.io.rundir import claim_run_dir
@@ -25,7 +25,7 @@ from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.abort import injected_fault_after, stall_once
 from pal_hpc.runtime.evaluation import PERIODIC_SEED, evaluate
 from pal_hpc.runtime.onpolicy.checkpoints import MasterCheckpointing
-from pal_hpc.runtime.onpolicy.layout import host_crowded, node_layout
+from pal_hpc.runtime.onpolicy.layout import host_crowded, node_layout, step_seconds
 from pal_hpc.runtime.onpolicy.reporting import TIMES, MasterReporting, OnPolicyCoordinator
 from pal_hpc.runtime.onpolicy.rollout import Rollout, env_seed
 from pal_hpc.runtime.onpolicy.wind_down import WindDown
@@ -68,12 +68,15 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
         acfg = cfg.algo_config
         probe = make_env(cfg.env, cfg.seed, terminal_on_life_loss=cfg.atari_terminal_on_life_loss)
         obs_space, act_space = probe.observation_space, probe.action_space
-        probe.close()
         Algo.check_env(cfg.env, obs_space, act_space)
         # Every rank computes every node's share from the same layout: they agree.
         sizes = topo.node_sizes
-        crowded = world.bcast(host_crowded(world) if cfg.master_envs == "auto" else False)
-        layouts = [node_layout(acfg.num_envs, cfg.master_envs, size - 1, crowded)
+        auto = cfg.master_envs == AUTO and max(sizes) > 1
+        crowded = world.bcast(host_crowded(world) if auto else False)
+        self.step_s = world.bcast(step_seconds(probe) if auto and world.Get_rank() == 0
+                                  else None)
+        probe.close()
+        layouts = [node_layout(acfg.num_envs, cfg.master_envs, size - 1, crowded, self.step_s)
                    for size in sizes]
         self.node_envs = [n for n, _ in layouts]
         self.node_share = [m for _, m in layouts]    # envs each node's master steps itself
@@ -82,6 +85,8 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
         self.steps_per_round = acfg.t_max * sum(self.node_envs)
         self.n_learners = len(sizes)                 # the masters (Summary's names)
         self.n_actors = sum(sizes) - len(sizes)      # the environment workers
+        # Ranks of nodes whose master steps every env (all, or auto's rule 1): idle.
+        self.idle_ranks = sum(size - 1 for size, (n, m) in zip(sizes, layouts) if m == n)
         device = pick_device(cfg.device, 0)          # on every rank: errors reach all
         self.masters = world.Split(0 if self.is_master else MPI.UNDEFINED, key=world.Get_rank())
         self.hosts = world.gather(MPI.Get_processor_name(), root=0)
@@ -135,8 +140,13 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
                                      terminal_on_life_loss=cfg.atari_terminal_on_life_loss)
                    for i in range(self.num_envs)]
         wait_all(self.world)
-        vec = LockstepVectorEnv.attach(self.node, env_fns, copy=False,
-                                       master_envs=self.node_share[self.node_index])
+        share = self.node_share[self.node_index]
+        alone = share == self.num_envs and self.node.Get_size() > 1   # --master-envs all
+        if alone and not self.is_master:
+            idle_until_done(self.node)     # the master steps every env of the node
+        else:
+            vec = LockstepVectorEnv.attach(MPI.COMM_SELF if alone else self.node, env_fns,
+                                           copy=False, master_envs=share)
         if self.is_master:
             try:
                 self._master(vec, start_update)
@@ -144,6 +154,8 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
                 if vec.num_workers:     # how busy this node's env workers were
                     self.worker_busy = vec.worker_busy_seconds().copy()
                 vec.close()             # the workers return from `attach`
+                if alone:
+                    idle_until_done(self.node)      # the idle ranks return
         self._wind_down()
 
     def _master(self, vec, start_update: int) -> None:
@@ -341,6 +353,15 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
         self.ckpt_comm.Allreduce(self.stats.mine, totals, op=MPI.SUM)
         self._checkpoint(totals)
         self.times["checkpoint"] += time.perf_counter() - t0
+
+
+def idle_until_done(node) -> None:
+    """A node barrier its idle ranks wait in asleep (MPICH's blocking calls poll a
+    core): they enter at the start, the master when its envs are closed.  A failure on
+    the master ends the job through the abort path, not through this barrier."""
+    req = node.Ibarrier()
+    while not req.Test():
+        time.sleep(0.002)
 
 
 def train_on_policy(cfg, topo) -> int:

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from pal_hpc.runtime.coordinator import Coordinator
+from pal_hpc.runtime.onpolicy.layout import MASTER_ALONE_BELOW_S
 from pal_hpc.runtime.telemetry import open_job_log, rss_mb
 
 SYSTEM_EVERY = 2.0          # seconds between a master's system rows
@@ -60,8 +61,19 @@ class MasterReporting:
               f"{self.n_learners} node(s), each a master + environment workers "
               f"({' + '.join(str(e) for e in self.node_envs)} envs, of them "
               f"{' + '.join(str(m) for m in self.node_share)} stepped by the master(s), "
-              f"{self.n_actors} worker ranks); t_max {acfg.t_max}, {self.steps_per_round:,} env steps per update, "
-              f"device {self.algo.device}", flush=True)
+              f"{self.n_actors} worker ranks{self._idle_note()}); t_max {acfg.t_max}, "
+              f"{self.steps_per_round:,} env steps per update, device {self.algo.device}",
+              flush=True)
+
+    def _idle_note(self) -> str:
+        """Why worker ranks have nothing to step, for the start-up line."""
+        if not self.idle_ranks:
+            return ""
+        why = ("--master-envs all" if self.step_s is None else
+               f"--master-envs auto: a step of an env took {self.step_s * 1e6:.0f} us, "
+               f"so the node's envs cost the master under "
+               f"{MASTER_ALONE_BELOW_S * 1e3:g} ms a step")
+        return f", {self.idle_ranks} of them idle ({why})"
 
     def _open_log(self):
         cfg = self.cfg
@@ -96,6 +108,7 @@ class MasterReporting:
         acfg = self.cfg.algo_config
         return {"masters": self.n_learners, "env_workers": self.n_actors,
                 "num_envs": self.node_envs, "master_envs": self.node_share,
+                "idle_ranks": self.idle_ranks, "env_step_s": self.step_s,
                 "t_max": acfg.t_max,
                 "steps_per_update": self.steps_per_round,
                 "master_time": {k: round(v, 4) for k, v in self._master_times().items()},
