@@ -19,7 +19,8 @@ shared torso (net_arch []); --cnn nature gives pal_hpc's Nature torso and SB3's 
 NatureCNN, which are the same network.  The parameter counts of both are printed.
 Updates: both every 5 steps of every environment (PAAC's t_max, SB3's n_steps) on
 the whole rollout, RMSProp on both sides; torch one thread per process on both sides.
-pal_hpc runs once per --variants entry: fp32 (its defaults), bf16 (`--precision bf16`:
+pal_hpc runs once per --variants entry: fp32 (its defaults), fp32-async
+(`--async-update`), bf16 (`--precision bf16`:
 its forward and backward passes under torch.autocast to bfloat16; parameters, gradients
 and RMSProp stay fp32) and bf16-async (`--async-update` too: each round's gradient runs
 on a master thread through the next round, one update of policy lag).  SB3 runs in
@@ -36,7 +37,7 @@ or after --warmup-steps and stops when learn() returns.  Start-up (MPI, subproce
 emulators) is outside both clocks.  env steps are agent steps (4 frames each).
 
     python bench/bench_paac_atari.py [--nps 2,3,4] [--num-envs 32] [--cnn nips]
-                                     [--variants fp32,bf16,bf16-async]
+                                     [--variants fp32,fp32-async,bf16,bf16-async]
                                      [--warmup-steps 5000] [--steps 20000] [--json OUT]
     python bench/bench_paac_atari.py --quick     # smoke run: -n 4, 1,650 + 3,300 steps
 """
@@ -59,7 +60,7 @@ from to_target import PEER_PYTHON, ROOT, peer_available, run_peer_script, tail
 
 GOAL = 3.0          # pal_hpc at -n 4 at least this many times SB3's env steps/s
 GOAL_NP = 4
-VARIANTS = {"fp32": [], "bf16": ["--precision", "bf16"],
+VARIANTS = {"fp32": [], "fp32-async": ["--async-update"], "bf16": ["--precision", "bf16"],
             "bf16-async": ["--precision", "bf16", "--async-update"]}
 
 

@@ -8,6 +8,7 @@ this small, torch's fixed cost per operation is most of each; this shows how muc
 
     python bench/profile_paac_act.py [--envs 8] [--hidden 64 64] [--activation tanh]
         [--shared-torso] [--repeats 3000]
+    python bench/profile_paac_act.py --env ALE/Pong-v5 --envs 32 --shared-torso --repeats 60
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from pal_hpc.algos.paac import PAAC, PAACConfig
+from pal_hpc.envs import make_env
 
 
 def per_call_us(fn, repeats: int) -> float:
@@ -44,28 +45,37 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3000)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    env = gym.make(args.env)
+    env = make_env(args.env, 0)
     cfg = PAACConfig(hidden=args.hidden, activation=args.activation,
                      shared_torso=args.shared_torso)
     algo = PAAC(env.observation_space, env.action_space, cfg)
     rng = np.random.default_rng(0)
     t, n = args.t_max, args.envs
-    obs = rng.normal(size=(n, *env.observation_space.shape)).astype(np.float32)
-    batch = {"obs": rng.normal(size=(t + 1, n, *env.observation_space.shape)).astype(np.float32),
+    space = env.observation_space
+
+    def observations(*lead):
+        if space.dtype == np.uint8:                  # frames
+            return rng.integers(0, 256, size=(*lead, *space.shape), dtype=np.uint8)
+        return rng.normal(size=(*lead, *space.shape)).astype(np.float32)
+
+    obs = observations(n)
+    batch = {"obs": observations(t + 1, n),
              "action": rng.integers(0, env.action_space.n, size=(t, n)),
              "reward": np.ones((t, n), np.float32),
              "terminated": np.zeros((t, n), bool), "truncated": np.zeros((t, n), bool),
              "valid": np.ones((t, n), bool)}
     out = np.zeros(algo.num_params, np.float32)
     rows = [
-        ("act (numpy, the default here)", per_call_us(lambda: algo.act(obs, rng), args.repeats)),
+        ("act (as the runtime does)", per_call_us(lambda: algo.act(obs, rng), args.repeats)),
         ("act (torch)", per_call_us(lambda: algo._act_torch(obs, rng), args.repeats)),
         ("gradient", per_call_us(lambda: algo.compute_gradients("ac", batch, out),
-                                 args.repeats // 3)),
+                                 max(1, args.repeats // 3))),
         ("step (clip + RMSProp)", per_call_us(lambda: algo.apply_gradients("ac", out),
-                                              args.repeats // 3)),
+                                              max(1, args.repeats // 3))),
     ]
-    print(f"PAAC on {args.env}: {n} envs, t_max {t}, MLP {args.hidden} {args.activation}, "
+    net = (f"{cfg.cnn} CNN" if space.dtype == np.uint8
+           else f"MLP {args.hidden} {args.activation}")
+    print(f"PAAC on {args.env}: {n} envs, t_max {t}, {net}, "
           f"{'shared' if args.shared_torso else 'separate'} torsos, "
           f"{algo.num_params:,} parameters, 1 torch thread")
     for name, us in rows:
