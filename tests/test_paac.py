@@ -144,12 +144,17 @@ def test_gradient_matches_a_reference_loss():
 
 
 def test_metrics_and_buffer_checks():
-    algo = make()
+    algo = make(init="small-policy")
     batch = rollout(np.random.default_rng(2))
     out = np.zeros(algo.num_params, np.float32)
     stats, prio = algo.compute_gradients("ac", batch, out, metrics=True)
     assert prio is None and set(stats) == set(PAAC.metric_names)
     assert stats["entropy"] == pytest.approx(np.log(3), rel=1e-3)   # near-uniform at start
+    # torch's init (the default, the released code's): a policy head as large as any
+    # layer, so the first policy is not uniform
+    torch_init = make()
+    stats, _ = torch_init.compute_gradients("ac", batch, out, metrics=True)
+    assert 0 < stats["entropy"] < np.log(3) * (1 - 1e-3)
     with pytest.raises(ValueError, match="float32"):
         algo.compute_gradients("ac", batch, np.zeros(algo.num_params))
     with pytest.raises(ValueError, match="one update phase"):
@@ -387,6 +392,27 @@ def test_sampling_takes_torch_or_numpy_logits_alike():
     assert a.dtype == np.int64 and set(a.tolist()) <= {0, 1, 2, 3}
     big = np.array([[0.0, 50.0, 0.0]] * 20, np.float32)       # no overflow: max first
     assert (sample_actions(big, np.random.default_rng(0)) == 1).all()
+
+
+def test_inits_torch_small_policy_and_the_old_name():
+    """torch (the default) is torch's own init in every layer, the released code's;
+    small-policy scales the policy head's weights by 0.01 (its old name, default, still
+    loads)."""
+    bound = 1 / np.sqrt(16)                         # torch's, for the head's fan_in
+    plain, small = make(seed=11), make(seed=11, init="small-policy")
+    assert PAACConfig().init == "torch"
+    w = plain.net.policy.weight.detach()
+    assert w.abs().max() <= bound and w.abs().max() > bound / 2    # not scaled down
+    assert plain.net.policy.bias.detach().abs().max() > 0
+    torch.testing.assert_close(small.net.policy.weight, w * 0.01)
+    assert not small.net.policy.bias.any()
+    for a, b in zip(plain.net.trunk.parameters(), small.net.trunk.parameters()):
+        torch.testing.assert_close(a, b)                              # the torso alike
+    old = PAACConfig(init="default")
+    old.validate()
+    assert old.init == "small-policy"
+    with pytest.raises(ConfigError, match="init: must be one of torch, small-policy"):
+        PAACConfig(init="xavier").validate()
 
 
 def test_bf16_precision_is_close_to_fp32_and_keeps_fp32_state():

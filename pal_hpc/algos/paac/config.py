@@ -19,7 +19,9 @@ from pal_hpc.options import option as _f
 NUM_ENVS = 32            # per node (the paper's n_e); auto rounds it to the workers
 CLIP_CHOICES = ("auto", "on", "off")
 RMS_STYLES = ("tf", "torch")
-INITS = ("default", "orthogonal")
+INITS = ("torch", "small-policy", "orthogonal")
+# The name small-policy had before the released code's init became the default.
+INIT_ALIASES = {"default": "small-policy"}
 PRECISIONS = ("fp32", "bf16")
 # --paac-preset a2c: A2C's optimizer settings (torch RMSprop as SB3's and OpenAI
 # baselines' A2C use it, orthogonal init), the settings that learned Pong here before the
@@ -89,10 +91,14 @@ class PAACConfig(AlgoConfig):
     shared_torso: bool = _f(True, "one torso feeds both heads (the paper's); off: the policy "
                                   "and the value each get their own (SB3's MlpPolicy on "
                                   "vector observations; on frames it doubles the CNN work)")
-    init: str = _f("default", "weight initialization: default (torch's, with the policy "
-                              "head's weights x 0.01) or orthogonal (gain sqrt(2) in the "
-                              "torso, 0.01 on the policy head, 1 on the value head, zero "
-                              "biases: SB3's and OpenAI baselines' A2C)", choices=INITS)
+    init: str = _f("torch", "weight initialization: torch (torch's own: weights and "
+                            "biases uniform in +-1/sqrt(fan_in) in every layer, the "
+                            "released code's 'torch' init), small-policy (the same with "
+                            "the policy head's weights x 0.01: a near-uniform first "
+                            "policy; called default before) or orthogonal (gain sqrt(2) "
+                            "in the torso, 0.01 on the policy head, 1 on the value head, "
+                            "zero biases: SB3's and OpenAI baselines' A2C)",
+                   choices=INITS + tuple(INIT_ALIASES))
     precision: str = _f("fp32", "arithmetic of the master's forward and backward passes: fp32, "
                                 "or bf16 (torch.autocast to bfloat16: convolutions and "
                                 "matrix products in bf16, the parameters, gradients, "
@@ -127,6 +133,7 @@ class PAACConfig(AlgoConfig):
             "must be a finite number > 0")
         req("activation", self.activation in ACTIVATIONS,
             f"must be one of {', '.join(ACTIVATIONS)}")
+        self.init = INIT_ALIASES.get(self.init, self.init)
         req("init", self.init in INITS, f"must be one of {', '.join(INITS)}")
         req("async_update", self.overlap or not self.async_update,
             "needs --overlap (it overlaps the update with a whole round instead of one step)")

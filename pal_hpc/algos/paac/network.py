@@ -23,7 +23,7 @@ class ActorCritic(nn.Module):
 
     def __init__(self, obs_space: gym.Space, n_actions: int, cnn: str = "nips",
                  hidden: Sequence[int] = (64, 64), activation: str = "relu",
-                 shared: bool = True, init: str = "default"):
+                 shared: bool = True, init: str = "torch"):
         super().__init__()
         self.trunk = torso(obs_space, cnn, hidden, activation)
         self.value_trunk = None if shared else torso(obs_space, cnn, hidden, activation)
@@ -38,9 +38,11 @@ class ActorCritic(nn.Module):
                         m.bias.zero_()
                 nn.init.orthogonal_(self.policy.weight, 0.01)
                 nn.init.orthogonal_(self.value.weight, 1.0)
-            else:                         # a near-uniform first policy
+            elif init == "small-policy":  # a near-uniform first policy
                 self.policy.weight.mul_(0.01)
                 self.policy.bias.zero_()
+            elif init != "torch":         # torch's own init is the released code's
+                raise ValueError(f"init: {init!r} is not torch, small-policy or orthogonal")
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (B, n_actions), values (B,)) of a batch of observations."""

@@ -56,6 +56,7 @@ def step_seconds(env, budget_s: float = 0.05, max_steps: int = 200) -> float:
             break
     return (time.perf_counter() - t0) / steps
 
+
 def auto_share(num_envs: int, workers: int) -> int:
     """The master's share under auto: num_envs / (workers + 1), moved to the nearest
     value that leaves the workers a multiple of `workers` (at least one each)."""
