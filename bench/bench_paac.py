@@ -37,8 +37,9 @@ Hyperparameters.
     settings, tuned for Atari, give on CartPole.
     zoo32: the zoo's settings with PAAC's batch, 32 environments (33 at -n 4 with
     --master-envs 0), and PAAC's rule that the learning rate grows with the
-    environments (the paper's 0.0007 x n_e): 7e-4 x 32 / 8 = 2.8e-3.  More environments per round spread the
-    round's fixed costs (a lockstep handoff per step, one update) over more steps.
+    environments (the paper's 0.0007 x n_e): 7e-4 x 32 / 8 = 2.8e-3.  More
+    environments per round spread the round's fixed costs (a lockstep handoff per
+    step, one update) over more steps.
     Both sides are advantage actor-critic with 5-step bootstrapped returns.
 
 Per configuration the tables show each seed's time and env steps to the target, the
@@ -206,11 +207,12 @@ def main() -> int:
         rates = [st / t for st, t in zip(med[cfg]["steps_list"], med[cfg]["times"])
                  if not math.isinf(t) and t > 0]
         med[cfg]["rate"] = statistics.median(rates) if rates else math.nan
-    print(f"\nenv steps/s of training up to the target (median over the seeds that "
-          f"reached it): the runtimes' speed, whatever each seed's luck")
+    print("\nenv steps/s of training up to the target (median over the seeds that "
+          "reached it): the runtimes' speed, whatever each seed's luck")
+    peer_rate = med[PEER]["rate"] if sb3 else math.nan
     for cfg in configs:
-        col = ("" if not sb3 or cfg == PEER or math.isnan(med[cfg]["rate"])
-               else f"  ours/SB3 {med[cfg]['rate'] / med[PEER]['rate']:.2f}x")
+        col = ("" if cfg == PEER or math.isnan(med[cfg]["rate"]) or math.isnan(peer_rate)
+               else f"  ours/SB3 {med[cfg]['rate'] / peer_rate:.2f}x")
         print(f"  {cfg:<20}{fmt(med[cfg]['rate'], ',.0f'):>10}{col}")
     goal = None
     if sb3:

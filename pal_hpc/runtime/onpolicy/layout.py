@@ -16,7 +16,7 @@ the stepping it moves off the master.
   1. `all` when one lockstep step of the node's envs costs the master less than
      MASTER_ALONE_BELOW_S, timed on rank 0's probe env at start-up
      (`step_seconds`).  On CartPole-v1 (9 envs, about 0.1 ms a step) the master alone
-     ran PAAC's loop 1.3x as fast as with 3 workers at -n 4;
+     ran PAAC's loop 1.50x as fast as 3 workers stepping them at -n 4 (1.28x at -n 2);
   2. otherwise, when rank 0's host runs more ranks than it has cores, no share (the
      master's stepping takes a core a worker needs: a share was slower there), or
      the least one that lets the workers share the rest evenly;
