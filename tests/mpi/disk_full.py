@@ -12,6 +12,7 @@ final checkpoint fails too.  Prints one JSON line with what happened.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -39,7 +40,17 @@ def wait_for(pred, timeout=120.0):
 
 
 ckpts = run_dir / "checkpoints"
-first_ok = wait_for(lambda: any(ckpts.glob("step_*.h5")))
+# A checkpoint is whole once its main file `step_<N>.h5` is there: the node's replay
+# part `step_<N>_replay<k>_<tag>.h5` is renamed into place first, so waiting on any
+# `step_*.h5` could fill the disk between the two and leave no checkpoint at all.
+MAIN = re.compile(r"^step_\d+\.h5$")
+
+
+def main_checkpoints() -> list[str]:
+    return sorted(p.name for p in ckpts.glob("step_*.h5") if MAIN.match(p.name))
+
+
+first_ok = wait_for(lambda: bool(main_checkpoints()))
 filler = run_dir / "filler"
 fd = os.open(filler, os.O_WRONLY | os.O_CREAT)     # take every free byte
 try:
@@ -60,7 +71,7 @@ time.sleep(0.2)                                # let the reader threads drain
 print(json.dumps({
     "rc": rc, "first_checkpoint": first_ok, "failure_reported": failed,
     "stdout": "".join(out), "stderr": "".join(err),
-    "checkpoints": sorted(p.name for p in ckpts.glob("step_*.h5")),
+    "checkpoints": main_checkpoints(),
     "tmp_files": sorted(str(p) for p in run_dir.rglob("*.tmp")),
     "summary": json.loads((run_dir / "summary.json").read_text())
     if (run_dir / "summary.json").exists() else None,
