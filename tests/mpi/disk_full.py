@@ -12,12 +12,13 @@ final checkpoint fails too.  Prints one JSON line with what happened.
 
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from pal_hpc.io.checkpoint import list_checkpoints
 
 run_dir, mode, cmd = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 run_dir.mkdir(parents=True, exist_ok=True)
@@ -39,15 +40,11 @@ def wait_for(pred, timeout=120.0):
     return True
 
 
-ckpts = run_dir / "checkpoints"
 # A checkpoint is whole once its main file `step_<N>.h5` is there: the node's replay
 # part `step_<N>_replay<k>_<tag>.h5` is renamed into place first, so waiting on any
 # `step_*.h5` could fill the disk between the two and leave no checkpoint at all.
-MAIN = re.compile(r"^step_\d+\.h5$")
-
-
 def main_checkpoints() -> list[str]:
-    return sorted(p.name for p in ckpts.glob("step_*.h5") if MAIN.match(p.name))
+    return [p.name for p in list_checkpoints(run_dir)]
 
 
 first_ok = wait_for(lambda: bool(main_checkpoints()))
