@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pal_hpc.algos.base import OnePhaseAlgorithm
+from pal_hpc.algos.onpolicy import OnPolicyAlgorithm
 from pal_hpc.algos.nets import FlatParams, is_image, seeded
 from pal_hpc.algos.optim import FlatRMSProp
 from pal_hpc.algos.paac.config import PRESETS, PAACConfig
@@ -27,7 +27,7 @@ from pal_hpc.algos.paac.network import ActorCritic, NumpyLogits, PAACPolicy, sam
 from pal_hpc.options import ConfigError
 
 
-class PAAC(OnePhaseAlgorithm):
+class PAAC(OnPolicyAlgorithm):
     """The actor-critic network, its RMSProp over one flat buffer, the loss.
 
     `on_policy` tells the runtime to run it on lockstep environments (one master per
@@ -36,7 +36,6 @@ class PAAC(OnePhaseAlgorithm):
     name = "paac"
     phase = "ac"
     Config = PAACConfig
-    on_policy = True
     metric_names = ("loss", "policy_loss", "value_loss", "entropy", "value_mean",
                     "advantage_abs_mean", "grad_norm", "lr")
     # Evaluations are run by the master and hold up every node: less often than DQN's.

@@ -28,16 +28,10 @@ from pal_hpc.runtime.onpolicy.checkpoints import MasterCheckpointing
 from pal_hpc.runtime.onpolicy.layout import host_crowded, node_layout, step_seconds
 from pal_hpc.runtime.onpolicy.reporting import TIMES, MasterReporting, OnPolicyCoordinator
 from pal_hpc.runtime.onpolicy.rollout import Rollout, env_seed
+from pal_hpc.runtime.onpolicy.update import MasterUpdates
 from pal_hpc.runtime.onpolicy.wind_down import WindDown
 from pal_hpc.runtime.summary import Summary
 from pal_hpc.runtime.telemetry import Telemetry
-
-METRICS_EVERY = 10          # learner rows: every 10th update
-# Rank 0's votes in the tail of each update's Allreduce: the masters act on them after
-# the same update.  "counters" starts a round of the job-wide counters (StatsRounds): a
-# master's own clock must not decide it, or one master posts a round the others never
-# match and the run hangs at its end.
-VOTES = ("stop", "checkpoint", "counters")
 
 
 def check_flags(cfg) -> None:
@@ -49,7 +43,7 @@ def check_flags(cfg) -> None:
                               f"got {getattr(cfg, name)!r}")
 
 
-class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
+class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown, Summary):
     """One rank of an on-policy job: a node's master, or one of its environment workers."""
 
     def __init__(self, cfg, topo):
@@ -82,7 +76,8 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
         self.node_share = [m for _, m in layouts]    # envs each node's master steps itself
         self.num_envs = self.node_envs[self.node_index]
         self.env_offset = sum(self.node_envs[:self.node_index])
-        self.steps_per_round = acfg.t_max * sum(self.node_envs)
+        self.t_max = Algo.rollout_steps(acfg)        # env steps of each env per round
+        self.steps_per_round = self.t_max * sum(self.node_envs)
         self.n_learners = len(sizes)                 # the masters (Summary's names)
         self.n_actors = sum(sizes) - len(sizes)      # the environment workers
         # Ranks of nodes whose master steps every env (all, or auto's rule 1): idle.
@@ -115,10 +110,7 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
             self.streams = streams_for(Algo.metric_names)
             self.telemetry = Telemetry(self.masters.Dup(), streams=self.streams)
             self.ckpt_comm = self.masters.Dup()
-            n = self.algo.num_params
-            self._send = np.zeros(n + len(VOTES), np.float32)
-            self._recv = (self._send if self.masters.Get_size() == 1
-                          else np.zeros(n + len(VOTES), np.float32))
+            self._update_buffers()
         self.obs_space = obs_space
         found = world.bcast(on_rank0(world, self._find_checkpoint) if cfg.resume else None,
                             root=0)
@@ -171,17 +163,19 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
                                              self.telemetry, self.times)
             self._announce()
         fault_after = injected_fault_after(self.world.Get_rank())
-        t_max, n = acfg.t_max, self.num_envs
+        t_max, n = self.t_max, self.num_envs
         shape = self.obs_space.shape
         dtype = np.uint8 if self.obs_space.dtype == np.uint8 else np.float32
-        rollouts = [Rollout(t_max, n, shape, dtype) for _ in range(2)]
+        rollouts = [Rollout(t_max, n, shape, dtype, *algo.action_spec(), algo.rollout_fields())
+                    for _ in range(2)]
         seeds = [env_seed(cfg.seed, self.node_index, i, start_update) for i in range(n)]
         obs, _ = vec.reset(seed=seeds)
         rollouts[0].obs[0] = obs
         self._prev_done = np.zeros(n, bool)       # an env whose next step is a reset step
         self._ep_ret, self._ep_len = np.zeros(n), np.zeros(n, np.int64)
         pending = None                  # a finished rollout whose update is still to come
-        lagged = acfg.async_update      # its gradient runs on a thread for a whole round
+        lagged = getattr(acfg, "async_update", False)   # the gradient on a thread, a round
+        overlap = getattr(acfg, "overlap", False)
         worker = ThreadPoolExecutor(1, thread_name_prefix="paac-update") if lagged else None
         cur = 0
         perf = time.perf_counter
@@ -195,11 +189,14 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
                 grad = None
                 for t in range(t_max):
                     t0 = perf()
-                    actions = algo.act(ro.obs[t], self.rng)
+                    actions, extras = algo.rollout_act(ro.obs[t], self.rng)
+                    for name, value in extras.items():
+                        ro.extras[name][t] = value
                     self.times["forward"] += perf() - t0
-                    vec.step_async(actions)
+                    vec.step_async(algo.env_actions(actions))
                     if pending is not None and lagged:   # learn during the whole round
-                        grad = worker.submit(self._gradient, pending)
+                        grad = worker.submit(self._gradient, pending.batch(),
+                                             self._metrics_wanted())
                         pending = None
                     elif pending is not None:            # overlap: learn while envs step
                         votes = self._update(pending)
@@ -215,6 +212,7 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
                     done = grad.result()
                     self.times["update_join"] += perf() - t0
                     votes = self._finish_update(*done)
+                    self._record_update(done[0], done[1])
                 if votes is not None and votes[0]:
                     break
                 if votes is not None and votes[1]:
@@ -226,7 +224,7 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
                 nxt = rollouts[1 - cur]
                 nxt.obs[0] = ro.obs[t_max]
                 pending, cur = ro, 1 - cur
-                if last or not acfg.overlap:
+                if last or not overlap:
                     votes = self._update(pending)
                     pending = None
                     if votes[1] and not (votes[0] or last):
@@ -269,51 +267,6 @@ class OnPolicyRun(MasterCheckpointing, MasterReporting, WindDown, Summary):
 
     def _global_steps(self) -> int:
         return self.rounds * self.steps_per_round + self.restored.get("global_base", 0)
-
-    def _update(self, rollout: Rollout) -> tuple[bool, ...]:
-        """The round's gradient, summed over the masters with one Allreduce (rank 0's
-        votes in its tail), averaged and applied.  Returns the votes (`VOTES`)."""
-        return self._finish_update(*self._gradient(rollout))
-
-    def _gradient(self, rollout: Rollout) -> tuple[dict, bool, float]:
-        """The round's gradient into the send buffer: (metrics, whether they are wanted,
-        seconds).  Reads the parameters only, so it may run on the update thread while
-        the main thread acts with the same parameters (--async-update)."""
-        t0 = time.perf_counter()
-        want = (self.algo.updates + 1) % METRICS_EVERY == 0 and self.world.Get_rank() == 0
-        metrics, _ = self.algo.compute_gradients("ac", rollout.batch(),
-                                                 out=self._send[:self.algo.num_params],
-                                                 metrics=want)
-        return metrics, want, time.perf_counter() - t0
-
-    def _finish_update(self, metrics: dict, want: bool, seconds: float) -> tuple[bool, ...]:
-        """Votes into the send buffer's tail, the Allreduce, the averaged step."""
-        algo = self.algo
-        perf = time.perf_counter
-        n = algo.num_params
-        self._send[n:] = self._votes()
-        t1 = perf()
-        if self._recv is not self._send:
-            req = self.masters.Iallreduce(self._send, self._recv, op=MPI.SUM)
-            while not req.Test():
-                time.sleep(2e-5)          # ranks may outnumber cores: yield
-        t2 = perf()
-        algo.apply_gradients("ac", self._recv[:n], scale=1.0 / self.masters.Get_size())
-        self.times["update"] += seconds + (perf() - t2)
-        self.times["allreduce_wait"] += t2 - t1
-        if want:
-            self.telemetry.record("learner", (
-                algo.updates, time.monotonic() - self.start, self._global_steps(),
-                *[metrics.get(name, np.nan) for name in self.algo_class.metric_names]))
-        return tuple(bool(v > 0) for v in self._recv[n:])             # VOTES
-
-    def _votes(self) -> tuple[float, float, float]:
-        coord = self.coord
-        if coord is None:
-            return 0.0, 0.0, 0.0
-        return (1.0 if coord.stop_reason else 0.0,
-                1.0 if self._checkpoint_asked else 0.0,
-                1.0 if self.stats.due() else 0.0)
 
     def _between_rounds(self, global_steps: int, counters: bool) -> None:
         """Counters, the coordinator, evaluations, telemetry: once per round.  A round of

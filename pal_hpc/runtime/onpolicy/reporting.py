@@ -56,12 +56,11 @@ class MasterReporting:
 
     def _announce(self) -> None:
         cfg = self.cfg
-        acfg = cfg.algo_config
         print(f"pal_hpc: {cfg.algo} on {cfg.env}: {self.world.Get_size()} ranks, "
               f"{self.n_learners} node(s), each a master + environment workers "
               f"({' + '.join(str(e) for e in self.node_envs)} envs, of them "
               f"{' + '.join(str(m) for m in self.node_share)} stepped by the master(s), "
-              f"{self.n_actors} worker ranks{self._idle_note()}); t_max {acfg.t_max}, "
+              f"{self.n_actors} worker ranks{self._idle_note()}); t_max {self.t_max}, "
               f"{self.steps_per_round:,} env steps per update, device {self.algo.device}",
               flush=True)
 
@@ -105,11 +104,10 @@ class MasterReporting:
         return round(float(busy.mean()) / wall, 4)
 
     def _summary_extra(self) -> dict:
-        acfg = self.cfg.algo_config
         return {"masters": self.n_learners, "env_workers": self.n_actors,
                 "num_envs": self.node_envs, "master_envs": self.node_share,
                 "idle_ranks": self.idle_ranks, "env_step_s": self.step_s,
-                "t_max": acfg.t_max,
+                "t_max": self.t_max,
                 "steps_per_update": self.steps_per_round,
                 "master_time": {k: round(v, 4) for k, v in self._master_times().items()},
                 "env_worker_busy": self._worker_busy_fraction(),

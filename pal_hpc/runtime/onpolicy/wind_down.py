@@ -49,7 +49,7 @@ class WindDown:
             summary.update(self._summary_extra())
             _write_json(Path(cfg.resolved_run_dir()) / "summary.json", summary)
             t = summary["master_time"]
-            print(f"paac: master time: busy {t['busy']:.1%} (forward {t['forward']:.1%}, "
+            print(f"{cfg.algo}: master time: busy {t['busy']:.1%} (forward {t['forward']:.1%}, "
                   f"update {t['update']:.1%}), waiting for environments {t['env_wait']:.1%}, "
                   f"for other masters {t['allreduce_wait']:.1%}, evaluating "
                   f"{t['evaluation']:.1%}; env workers busy "
