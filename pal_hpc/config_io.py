@@ -94,6 +94,13 @@ def config_from_dict(d: dict[str, Any]) -> Config:
         for name, value in getattr(Algo, "atari_defaults", {}).items():
             algo_values.setdefault(name, value)
     field = getattr(Algo, "preset_field", None)
+    env_defaults = getattr(Algo, "env_defaults", None)
+    if env_defaults is not None:
+        # The preset's values for the env's family (PPO's CleanRL scripts, the zoo's
+        # entries), run-wide ones included, for what the user did not set.
+        preset = algo_values.get(field, getattr(Algo.Config, field))
+        for name, value in env_defaults(values.get("env", Config.env), preset).items():
+            (values if name in types_ else algo_values).setdefault(name, value)
     if field:
         # A named set of option values, under the flags the user gave.
         preset = algo_values.get(field, getattr(Algo.Config, field))

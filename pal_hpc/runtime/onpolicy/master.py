@@ -119,6 +119,8 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
             if self.is_master:
                 self._restore(found)
             self.resumed_from = found
+            if cfg.eval_every <= 0:       # a resume may turn the periodic ones off
+                self.next_eval = float("inf")
         if self.is_master:
             self.start_digest = self.algo.digest()
 
@@ -291,7 +293,8 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
             stats.add(S.EVAL_STEP, global_steps)
             stats.add(S.EVAL_SECONDS, time.perf_counter() - t0)
             self.times["evaluation"] += time.perf_counter() - t0
-            self.next_eval = (global_steps // cfg.eval_every + 1) * cfg.eval_every
+            self.next_eval = ((global_steps // cfg.eval_every + 1) * cfg.eval_every
+                              if cfg.eval_every > 0 else float("inf"))
         stall_once(self.world.Get_rank())
         if stats.poll(start=counters) and self.coord is not None and not self.coord.stop_reason:
             if not self.coord.observe(stats.total) and self.coord.checkpoint_due():
@@ -311,8 +314,12 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
 def idle_until_done(node) -> None:
     """A node barrier its idle ranks wait in asleep (MPICH's blocking calls poll a
     core): they enter at the start, the master when its envs are closed.  A failure on
-    the master ends the job through the abort path, not through this barrier."""
-    req = node.Ibarrier()
+    the master ends the job through the abort path, not through this barrier.  No
+    deadline: the master is on this host and busy for the whole run."""
+    from pal_hpc.cluster.deadline import untimed
+
+    with untimed():
+        req = node.Ibarrier()
     while not req.Test():
         time.sleep(0.002)
 
