@@ -100,6 +100,7 @@ bench: install
 	$(PY) bench/bench_scaling.py $(ARGS)
 	$(PY) bench/bench_paac.py $(ARGS)
 	$(PY) bench/bench_paac_atari.py $(ARGS)
+	$(PY) bench/bench_ppo.py $(ARGS)
 	$(PY) bench/bench_integrations.py $(ARGS)
 	$(PY) bench/bench_multiagent.py $(ARGS)
 

@@ -162,6 +162,33 @@ def test_numpy_acting_follows_torch(act):
         np.testing.assert_allclose(value, t_value.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("act", [DISCRETE, BOX])
+@pytest.mark.parametrize("clip_vloss", [True, False])
+def test_numpy_gradient_is_autograds(act, clip_vloss):
+    """Small separate MLPs learn through numpy_grad: its gradient and sums are torch
+    autograd's, with ratios and values far enough from the old ones to clip."""
+    algos = [make(act, seed=2, clip_vloss=clip_vloss, ent_coef=0.05, norm_obs=True,
+                  activation=f) for f in ("tanh", "tanh", "relu", "relu")]
+    for k in (1, 3):
+        algos[k]._npgrad = None                     # the torch path
+    assert algos[0]._npgrad is not None and make(act, shared_torso=True)._npgrad is None
+    rng = np.random.default_rng(8)
+    batch = rollout(algos[0])
+    batch["logprob"] += rng.normal(scale=0.3, size=batch["logprob"].shape).astype(np.float32)
+    batch["value"] += rng.normal(scale=0.5, size=batch["value"].shape).astype(np.float32)
+    for fast, slow in (algos[:2], algos[2:]):
+        got = []
+        for a in (fast, slow):
+            a.obs_norm.merge(moments(batch["obs"][0]))
+            plan = a.update_plan(batch, [a.begin_update(batch)], 0)
+            out = np.zeros(a.num_params, np.float32)
+            a.compute_gradients("ppo", next(plan), out)
+            got.append((out, a.step_sums().copy()))
+        np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got[0][1], got[1][1], rtol=1e-4, atol=1e-5)
+        assert got[0][1][5] > 0                      # some ratios were clipped
+
+
 def test_categorical_sampling_log_probs():
     logits = np.random.default_rng(5).normal(size=(40, 3)).astype(np.float32)
     a, lp = sample(logits, None, np.random.default_rng(6))

@@ -31,6 +31,7 @@ from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.algos.ppo import config as C
 from pal_hpc.algos.ppo.loss import SUMS, explained_variance, gae, ppo_loss
 from pal_hpc.algos.ppo.network import NumpyHeads, PPONet, PPOPolicy, sample
+from pal_hpc.algos.ppo.numpy_grad import NumpyGrad
 from pal_hpc.algos.ppo.normalize import RunningMoments, discounted_returns, moments
 from pal_hpc.options import ConfigError
 
@@ -66,6 +67,8 @@ class PPO(OnPolicyAlgorithm):
             obs_space, act_space, config.cnn, tuple(config.hidden), config.activation,
             config.shared_torso, config.init, config.log_std_init)).to(self.device)
         self._np = NumpyHeads(self.net) if NumpyHeads.fits(self.net, self.device) else None
+        # Small separate MLPs on the CPU learn through numpy too (numpy_grad).
+        self._npgrad = NumpyGrad(self.net) if NumpyGrad.fits(self.net, self.device) else None
         self._params = FlatParams([self.net], self.device)
         self._flat, self._flat_grad = self._params.flat, self._params.grad
         self.optimizer = FlatAdam(self._flat, lr=config.lr, eps=config.adam_eps)
@@ -182,15 +185,19 @@ class PPO(OnPolicyAlgorithm):
                        self.gamma, self.config.gae_lambda)
         rows = np.flatnonzero(np.asarray(batch["valid"]).T.reshape(-1))   # env-major
         em = lambda x: np.swapaxes(np.asarray(x), 0, 1).reshape(n * t_max, *np.shape(x)[2:])[rows]  # noqa: E731
-        dev = self.device
-        self._round = {
-            "obs": self._obs(em(obs[:t_max])),
-            "action": torch.as_tensor(em(batch["action"]), device=dev,
-                                      dtype=torch.float32 if self.continuous else torch.int64),
-            "logprob": torch.as_tensor(em(batch["logprob"]), dtype=torch.float32, device=dev),
-            "value": torch.as_tensor(em(values[:t_max]), dtype=torch.float32, device=dev),
-            "ret": torch.as_tensor(em(ret), dtype=torch.float32, device=dev),
-            "adv": torch.as_tensor(em(adv), dtype=torch.float32, device=dev)}
+        cols = {"action": em(batch["action"]).astype(np.float32 if self.continuous
+                                                      else np.int64),
+                **{k: em(x).astype(np.float32) for k, x in (
+                    ("logprob", batch["logprob"]), ("value", values[:t_max]), ("ret", ret),
+                    ("adv", adv))}}
+        if self._npgrad is not None:
+            x = em(obs[:t_max])
+            cols["obs"] = (x if self.obs_norm is None
+                           else self.obs_norm.normalize(x, self.config.norm_clip))
+            self._round = cols
+        else:
+            self._round = {k: torch.as_tensor(v, device=self.device) for k, v in cols.items()}
+            self._round["obs"] = self._obs(em(obs[:t_max]))
         return {"rows": np.stack([em(adv), em(ret), em(values[:t_max])], axis=1),
                 "obs": None if self.obs_norm is None else moments(
                     np.asarray(obs[1:]).reshape(t_max * n, -1)),
@@ -229,8 +236,10 @@ class PPO(OnPolicyAlgorithm):
         """This master's rows of one minibatch: the loss's gradient into `out`, its
         sums (`step_sums`); (metrics: {}, None) -- the round's come from the sums."""
         self._check_phase(phase)
-        r, rows = self._round, torch.as_tensor(batch["rows"], device=self.device)
         cfg = self.config
+        if self._npgrad is not None:
+            return self._numpy_gradients(batch, out)
+        r, rows = self._round, torch.as_tensor(batch["rows"], device=self.device)
         self._flat_grad.zero_()
         logp, entropy, value = self.net.evaluate(r["obs"][rows], r["action"][rows])
         adv = r["adv"][rows]
@@ -244,6 +253,19 @@ class PPO(OnPolicyAlgorithm):
         out[...] = self._flat_grad.cpu().numpy()
         self._sums = sums.cpu().numpy()
         self._size = max(batch["size"], 1)
+        return {}, None
+
+    def _numpy_gradients(self, batch, out):
+        r, rows, cfg = self._round, batch["rows"], self.config
+        adv = r["adv"][rows]
+        if cfg.norm_adv:
+            adv = ((adv - batch["adv_mean"]) / (batch["adv_std"] + 1e-8)).astype(np.float32)
+        self._size = max(batch["size"], 1)
+        self._sums = self._npgrad(r["obs"][rows], r["action"][rows], r["logprob"][rows], adv,
+                                  r["ret"][rows], r["value"][rows], self._size,
+                                  clip_coef=self._clip, clip_vloss=cfg.clip_vloss,
+                                  ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef)
+        out[...] = self._flat_grad.numpy()
         return {}, None
 
     def step_sums(self) -> np.ndarray:
