@@ -68,6 +68,14 @@ def replay_file_of(main: Path, replay_files: dict, node: int) -> Path | None:
     return None
 
 
+def node_of_replay(name: str) -> int:
+    """The node k of a replay file's name (`step_<N>_replay<k>_<tag>.h5`)."""
+    m = _REPLAY_RE.match(Path(name).name)
+    if not m:
+        raise CheckpointError(f"{name}: not a replay file's name")
+    return int(m.group(2))
+
+
 # -- writing ------------------------------------------------------------------
 
 def write_atomic(path: Path, fill: Callable[[h5py.File], None], expected_bytes: int = 0,

@@ -5,6 +5,9 @@
 `next_eval`, `pruner` and `last_good` -- and keep the checkpoint logic in one file.
 Writing is collective over every rank, at a safe point; resuming restores every
 rank's share: parameters, optimizers, counters, RNG states and each node's replay.
+A checkpoint of another layout resumes too: the replay is re-split over the new nodes
+(`pal_hpc.replay.resplit`) and what belonged to old ranks is carried over or derived
+(`pal_hpc.runtime.resume_layout`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from pal_hpc.cluster.collectives import on_rank0, wait_all
 from pal_hpc.config import ConfigError
 from pal_hpc.config_io import config_to_dict
 from pal_hpc.io import checkpoint as ckpt
+from pal_hpc.replay.resplit import plan_resplit
+from pal_hpc.replay.resplit_load import carried_samples, load_resplit
+from pal_hpc.replay.shards import ShardError, open_shard, write_shard
+from pal_hpc.runtime import resume_layout as RL
 from pal_hpc.runtime import stats as S
 
 
@@ -90,10 +97,7 @@ class Checkpointing:
     def _fill_replay(self, f: h5py.File, state: dict) -> None:
         """A node's replay file: the buffer's signature and its written rows only."""
         f.attrs["format"] = ckpt.FORMAT_VERSION
-        f.attrs["signature"] = json.dumps(self.replay.signature())
-        group = f.create_group("replay")
-        for name, arr in state.items():
-            group.create_dataset(name, data=arr, chunks=True if arr.size else None)
+        write_shard(f, self.replay.signature(), state)
 
     def _rank_state(self) -> dict:
         actor = self.actor
@@ -138,53 +142,165 @@ class Checkpointing:
         ckpt.write_atomic(main, fill, in_memory=True)     # networks + optimizer: tens of MB at most
 
     def _resume(self) -> None:
-        """Restore parameters, optimizer, counters, RNG states and replay buffers."""
+        """Restore parameters, optimizer, counters, RNG states and replay buffers.  On
+        another layout the replay is re-split over the new nodes and what belonged to
+        old ranks is carried or derived (`pal_hpc.runtime.resume_layout`)."""
         world, me = self.world, self.me
-        found = on_rank0(world, self._find_checkpoint)
-        found = world.bcast(found, root=0)
+        # Each node's replay as laid out here: rank 0 compares them with the
+        # checkpoint's, and every node's first rank plans a re-split from all of them.
+        mine = ((me.node, self.replay.signature(), list(self.replay._ring_bounds()[1]))
+                if me.local_rank == 0 else None)
+        self.node_replays = sorted((x for x in world.allgather(mine) if x is not None),
+                                   key=lambda x: x[0])
+        found = world.bcast(on_rank0(world, lambda: self._find_checkpoint(self._check_fits)),
+                            root=0)
         if found is None:
             return
+        found, direct = found
+        now = self._layout_now()
         with h5py.File(found, "r") as f:
-            self._check_fits(f.attrs)
+            layout = json.loads(f.attrs["layout"])
+            step = int(f.attrs["updates"])
             if self.learner is not None:
                 self.learner.algo.load_state_dict(ckpt.load_tree(f["algo"]))
-                self.learner.updates = int(f.attrs["updates"])
+                self.learner.updates = step
                 if self.learner.weights is not None:
                     self.learner.weights.publish(self.learner.algo.policy_params())
-            g = f[f"ranks/rank_{world.Get_rank()}"]
-            saved = json.loads(g.attrs["stats"])[:S.SIZE]   # older files: fewer slots
-            self.stats.mine[:len(saved)] = saved
-            # Requests of the old run (stop, preemption, checkpoints) are not this run's.
-            for slot in (S.PREEMPT, S.STOP, S.CHECKPOINTS):
-                self.stats.mine[slot] = 0.0
-            torch.set_rng_state(torch.from_numpy(np.array(g["torch_rng"][()])))
-            if self.actor is not None:
-                self.actor.steps = int(g.attrs["actor_steps"])
-                self.actor.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
-            if self.learner is not None and g.attrs.get("learner_rng", ""):
-                self.learner.rng.bit_generator.state = json.loads(g.attrs["learner_rng"])
-            if "next_eval" in g.attrs:        # else the evaluator evaluates at once
-                self.next_eval = float(g.attrs["next_eval"])
+            if layout == now:
+                self._restore_rank(f[f"ranks/rank_{world.Get_rank()}"])
+            else:
+                self._carry_ranks(f, layout, now)
             self.restored = {"wall_s": float(f.attrs["wall_s"]),
-                             "evals": json.loads(f.attrs["evals"])}
+                             "evals": json.loads(f.attrs["evals"]),
+                             "env_steps": int(f.attrs["env_steps"])}
             replay_files = json.loads(f.attrs["replay_files"])
-        replay_file = ckpt.replay_file_of(Path(found), replay_files, me.node)
-        if me.local_rank == 0 and replay_file is not None:
-            with h5py.File(replay_file, "r") as rf:
-                if json.loads(rf.attrs["signature"]) != json.loads(json.dumps(self.replay.signature())):
-                    raise ConfigError("replay_capacity: the saved replay buffer does not match "
-                                      "this run's (capacity, fanout, spec or regions differ)")
-                group = rf["replay"]
-                self.replay.load_state_arrays({name: group[name][()] for name in group})
+        note = ""
+        if replay_files and direct:
+            self._load_own_replay(Path(found), replay_files)
+        elif replay_files:
+            note = self._resplit_replay(Path(found), replay_files, layout)
+        if layout != now:
+            self._derive_rngs(step)
         self.resumed_from = found
         wait_all(world)
         if world.Get_rank() == 0:
-            print(f"pal_hpc: resumed from {found} (update {self.learner.updates}, "
-                  f"{int(self.stats.mine[S.ENV_STEPS])} env steps on rank 0)", flush=True)
+            line = (f"pal_hpc: resumed from {found} (update {self.learner.updates}, "
+                    f"{int(self.stats.mine[S.ENV_STEPS])} env steps on rank 0)")
+            if layout != now:
+                line = (f"pal_hpc: resumed {RL.describe_layout(layout)} -> "
+                        f"{RL.describe_layout(now)}" + (f"; {note}" if note else "")
+                        + f"; RNG streams derived from (seed {self.cfg.seed}, update {step}, "
+                        f"rank); from {found} (update {step}, "
+                        f"{self.restored['env_steps']:,} env steps)")
+            elif note:
+                line += f"; {note}"
+            print(line, flush=True)
 
-    def _find_checkpoint(self) -> str | None:
+    def _layout_now(self) -> list:
+        return [[r.node, r.is_actor, r.is_learner] for r in self.topo.roles]
+
+    def _restore_rank(self, g) -> None:
+        """The same layout: this rank's own counters, RNG states and schedule."""
+        saved = json.loads(g.attrs["stats"])[:S.SIZE]   # older files: fewer slots
+        self.stats.mine[:len(saved)] = saved
+        # Requests of the old run (stop, preemption, checkpoints) are not this run's.
+        for slot in (S.PREEMPT, S.STOP, S.CHECKPOINTS):
+            self.stats.mine[slot] = 0.0
+        torch.set_rng_state(torch.from_numpy(np.array(g["torch_rng"][()])))
+        if self.actor is not None:
+            self.actor.steps = int(g.attrs["actor_steps"])
+            self.actor.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
+        if self.learner is not None and g.attrs.get("learner_rng", ""):
+            self.learner.rng.bit_generator.state = json.loads(g.attrs["learner_rng"])
+        if "next_eval" in g.attrs:        # else the evaluator evaluates at once
+            self.next_eval = float(g.attrs["next_eval"])
+
+    def _carry_ranks(self, f: h5py.File, layout: list, now: list) -> None:
+        """Another layout: this rank's share of the old ranks' counters (their sums kept
+        exactly) and the old evaluator's schedule."""
+        saved = []
+        for rank in range(len(layout)):
+            values = json.loads(f[f"ranks/rank_{rank}"].attrs["stats"])[:S.SIZE]
+            saved.append(np.pad(np.asarray(values, np.float64), (0, S.SIZE - len(values))))
+        rank = self.world.Get_rank()
+        self.stats.mine[:], steps = RL.carried_counters(saved, layout, now, rank,
+                                                        self.stats.mine)
+        if self.actor is not None:
+            self.actor.steps = steps
+        g = f[f"ranks/rank_{RL.evaluator_rank(layout)}"]
+        if "next_eval" in g.attrs:
+            self.next_eval = float(g.attrs["next_eval"])
+
+    def _derive_rngs(self, step: int) -> None:
+        """Another layout: this rank's RNG streams from (seed, update, rank)."""
+        seed, rank = self.cfg.seed, self.world.Get_rank()
+        torch.manual_seed(RL.derived_torch_seed(seed, step, rank))
+        if self.learner is not None:
+            self.learner.rng = RL.derived_rng(seed, step, rank, RL.LEARNER_RNG)
+        if self.actor is not None:
+            self.actor.rng = RL.derived_rng(seed, step, rank, RL.ACTOR_RNG)
+            seeds = RL.derived_env_seeds(seed, step, rank, len(self.actor.envs))
+            for i, (env, s) in enumerate(zip(self.actor.envs, seeds)):
+                self.actor.obs[i] = env.reset(seed=s)[0]
+
+    def _load_own_replay(self, main: Path, replay_files: dict) -> None:
+        """The same layout and buffers: each node loads its own saved buffer as it was."""
+        me = self.me
+        replay_file = ckpt.replay_file_of(main, replay_files, me.node)
+        if me.local_rank == 0 and replay_file is not None:
+            with h5py.File(replay_file, "r") as rf:
+                group = rf["replay"]
+                self.replay.load_state_arrays({name: group[name] for name in group})
+
+    def _resplit_replay(self, main: Path, replay_files: dict, layout: list) -> str:
+        """Another layout (or buffer): every node's first rank loads its share of the
+        union of the saved buffers (`pal_hpc.replay.resplit`).  Collective over the job;
+        an error on any node is raised on every rank.  Returns rank 0's note."""
+        me, world = self.me, self.world
+        err, done, note = "", (0, 0), ""
+        if me.local_rank == 0:
+            paths = [ckpt.replay_file_of(main, replay_files, node)
+                     for node in sorted({n for n, _, _ in layout})]
+            shards = []
+            try:
+                if any(p is None for p in paths):
+                    raise ShardError(f"{main}: lists no replay file for some node of its "
+                                     f"layout ({sorted(replay_files)})")
+                shards = [open_shard(p) for p in paths]
+                frames = ((self.replay.frames.stack, self.replay.n_step)
+                          if self.actor_frames() else None)
+                plan = plan_resplit([[r.rows for r in s.rings] for s in shards],
+                                    [lengths for _, _, lengths in self.node_replays], frames)
+                pieces = plan.rings[me.node]
+                placed = sum(p.size for ring in pieces for p in ring)
+                sampled = carried_samples(shards, placed, self.cfg.replay_ratio)
+                got = load_resplit(self.replay, pieces, shards, sampled)
+                done = (got["rows"], got["transitions"])
+                before = (sum(int(np.count_nonzero(r.prio)) for s in shards for r in s.rings)
+                          if frames else None)
+                note = (plan, before)
+            except (ShardError, ValueError) as exc:
+                err = f"resume: {exc}"
+            finally:
+                for shard in shards:
+                    shard.close()
+        results = world.allgather((err, done))
+        errors = [e for e, _ in results if e]
+        if errors:
+            raise ConfigError(errors[0])
+        if not note:
+            return ""
+        plan, before = note
+        placed = sum(rows for _, (rows, _) in results)
+        after = sum(t for _, (_, t) in results)
+        return RL.replay_note(plan.saved_rows, plan.kept_rows, placed,
+                              (before, after) if before is not None else None)
+
+    def _find_checkpoint(self, check=None):
         """Rank 0: the checkpoint --resume names (verified), or None for a first start
-        under --resume auto.  Raises ConfigError when there is none to resume."""
+        under --resume auto.  Raises ConfigError when there is none to resume, or when
+        `check(path)` refuses it (before anything is moved); returns (path, what
+        `check` returned) when `check` is given."""
         cfg = self.cfg
         run_dir = cfg.resolved_run_dir()
         skipped: list = []
@@ -202,6 +318,7 @@ class Checkpointing:
                 print(f"pal_hpc: warning: {w.message}", flush=True)
         except ckpt.CheckpointError as exc:
             raise ConfigError(f"resume: {exc}") from None
+        checked = check(found) if check is not None and found is not None else None
         # What failed to verify is set aside now, so no later prune or resume counts it.
         for path, reason in skipped:
             moved = ckpt.set_aside(path, reason)
@@ -221,24 +338,52 @@ class Checkpointing:
                                           f"to", folder=ckpt.SUPERSEDED)
                 print(f"pal_hpc: set aside {p.name} -> {moved} (newer than the checkpoint "
                       f"resumed from)", flush=True)
-        return found
+        return found if check is None else (found, checked)
 
-    def _check_fits(self, attrs) -> None:
-        """Refuse, naming the field, a checkpoint whose shapes differ from this run's."""
+    def _check_fits(self, path: str) -> bool:
+        """Rank 0: refuse, naming the field, a checkpoint this run cannot continue: another
+        algorithm, env, network shape, priority exponent, or observation layout in the
+        replay.  A rank layout, node count or replay capacity of its own is no reason.
+        Returns whether each node can load its own saved buffer as it is (the same
+        layout and buffers), else the replay is re-split."""
+        with h5py.File(path, "r") as f:
+            attrs = {k: f.attrs[k] for k in f.attrs}
         saved = json.loads(attrs["config"])
         mine = config_to_dict(self.cfg)
         saved_sig = json.loads(attrs.get("algo_signature", "{}"))
         checks = [(name, saved.get(name), mine.get(name))
-                  for name in ("algo", "env", "replay_capacity", "fanout", "per_alpha",
-                               "per_eps")]
+                  for name in ("algo", "env", "per_alpha", "per_eps")]
         checks += [(name, value, self.algo_signature.get(name))
                    for name, value in saved_sig.items()]
         for name, then, now in checks:
             if then != now:
                 raise ConfigError(f"{name}: the checkpoint was trained with {then!r}, this run "
                                   f"asks for {now!r}; resuming would change shapes")
-        layout = json.loads(attrs["layout"])
-        now = [[r.node, r.is_actor, r.is_learner] for r in self.topo.roles]
-        if layout != now:
-            raise ConfigError(f"ranks_per_node: the checkpoint was written by {len(layout)} ranks "
-                              f"laid out as {layout}; this run has {len(now)} laid out as {now}")
+        replay_files = json.loads(attrs["replay_files"])
+        if not replay_files:
+            return True
+        here = {node: json.loads(json.dumps(sig)) for node, sig, _ in self.node_replays}
+        sigs = {}
+        for name in replay_files:
+            node = ckpt.node_of_replay(name)
+            with h5py.File(Path(path).with_name(name), "r") as rf:
+                sigs[node] = json.loads(rf.attrs["signature"])
+            self._check_replay_kind(sigs[node], here[0])
+        return (json.loads(attrs["layout"]) == self._layout_now()
+                and all(sigs.get(node) == sig for node, sig in here.items()))
+
+    @staticmethod
+    def _check_replay_kind(then: dict, now: dict) -> None:
+        """Refuse a saved replay whose rows this run's replay cannot hold, naming the
+        field that decides it."""
+        if ("streams" in then) != ("streams" in now):
+            kinds = ["frames stored once" if "streams" in s else "whole transitions"
+                     for s in (then, now)]
+            raise ConfigError(f"frame_dedup: the checkpoint's replay holds {kinds[0]}, this "
+                              f"run's holds {kinds[1]}; resuming would change the "
+                              f"observation layout")
+        for key, field in (("spec", "env"), ("stack", "env"), ("n_step", "n_step")):
+            if then.get(key) != now.get(key):
+                raise ConfigError(f"{field}: the checkpoint's replay stores {key} "
+                                  f"{then.get(key)!r}, this run's {now.get(key)!r}; resuming "
+                                  f"would change the observation layout")
