@@ -1,0 +1,119 @@
+"""Resuming on another allocation, under mpiexec: a checkpoint of DQN (PER, n-step 3)
+and of TD3 taken at 2 virtual nodes x 3 ranks resumes on 1 x 2, on 3 x 2 and back on
+2 x 3.  The replay holds the saved (transition, priority) multiset, or its newest part
+when the new capacity is smaller; parameters, targets and optimizer state equal the
+saved ones bit for bit; env steps, updates, episodes and the evaluation schedule carry
+over; the same layout continues every rank's RNG stream, another one derives them
+reproducibly; and training continues to its target through the real entry point.
+Bad input is one clear error that leaves the run directory as it was."""
+
+import json
+
+import numpy as np
+import pytest
+
+from resume_layout_checks import (LAYOUTS, check_counters, dump, held, newest, replay_parts,
+                                  run, run_files, saved_counters, saved_max_priorities,
+                                  saved_plain_rows, train_to_checkpoint)
+
+pytestmark = pytest.mark.mpi
+
+CAPACITY = 1500                   # per node: 2 actors' regions of 750, each wrapped
+FLAGS = {"dqn": ["--algo", "dqn", "--n-step", "3", "--replay-capacity", str(CAPACITY)],
+         "td3": ["--algo", "td3", "--env", "Pendulum-v1", "--replay-capacity", str(CAPACITY)]}
+STEPS = 4000
+
+
+# TD3's half takes 2.5 min on a loaded 2-core machine: the slow pass runs it.
+@pytest.fixture(scope="module", params=["dqn", pytest.param("td3", marks=pytest.mark.slow)])
+def saved(request, tmp_path_factory):
+    algo = request.param
+    run_dir = tmp_path_factory.mktemp(algo) / "run"
+    main = train_to_checkpoint(run_dir, FLAGS[algo], STEPS)
+    return algo, run_dir, main
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_checkpoint_resumes_on_another_layout(saved, layout, tmp_path):
+    algo, _, main = saved
+    job = dump(tmp_path / "dump", main, layout, FLAGS[algo])
+    rows = saved_plain_rows(main)
+    room = sum(int(n["capacity"]) for n in job["node_files"])
+    assert held(job) == newest(rows, room)
+    assert len(rows) == 2 * CAPACITY and (room < len(rows)) is (layout == "1x2")
+    maxima = saved_max_priorities(main)
+    for k, node in enumerate(job["node_files"]):
+        # Re-split nodes start from the union's max priority; the same layout, its own.
+        assert node["max_priority"] == (maxima[k] if layout == "2x3" else max(maxima))
+        assert node["total"] == pytest.approx(float(node["prio"].astype(np.float64).sum()),
+                                              rel=1e-5)
+    counters = saved_counters(main)
+    check_counters(job, counters)
+    rngs = [r["actor_rng"] for r in job["ranks"]]
+    if layout == "2x3":           # the same layout: every rank goes on with its own stream
+        assert "resumed from" in job["stdout"] and "resumed 2 nodes" not in job["stdout"]
+        assert rngs == [s or None for s in counters["np_rng"]]
+    else:
+        assert f"-> {'1 node x 2' if layout == '1x2' else '3 nodes x 2'} ranks" in job["stdout"]
+        assert ("3,000 -> 1,500 rows kept: 1,500 oldest dropped" in job["stdout"]) is (
+            layout == "1x2"), job["stdout"]
+        assert not set(filter(None, rngs)) & set(counters["np_rng"])
+
+
+def test_two_resumes_on_one_layout_are_identical(saved, tmp_path):
+    algo, _, main = saved
+    a, b = (dump(tmp_path / name, main, "3x2", FLAGS[algo]) for name in ("a", "b"))
+    assert [n["state_digest"] for n in a["node_files"]] == \
+        [n["state_digest"] for n in b["node_files"]]
+    assert a["ranks"] == b["ranks"]          # counters, RNG states, schedule
+
+
+def test_training_continues_to_its_target_on_fewer_ranks(saved, tmp_path):
+    algo, run_dir, main = saved
+    counters = saved_counters(main)
+    target = counters["env_steps"] + 1500
+    proc = run(2, run_dir, *FLAGS[algo], "--ranks-per-node", "2", "--resume", str(main),
+               "--total-steps", str(target))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "oldest dropped" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["params_digest_at_start"] == counters["digest"]
+    assert summary["resumed_from"] == str(main) and summary["nodes"] == 1
+    assert summary["env_steps"] >= target and summary["updates"] > counters["updates"]
+    assert summary["replay_size_at_start"] == CAPACITY and summary["exit_status"] == 0
+
+
+@pytest.mark.parametrize("case", ["env", "algo", "no learner", "damaged replay part"])
+def test_bad_input_is_one_clear_error_and_changes_nothing(saved, case, tmp_path):
+    algo, run_dir, main = saved
+    if algo != "dqn" and case != "algo" or algo == "dqn" and case == "algo":
+        pytest.skip("one checkpoint per case is enough")
+    n, flags = 2, [*FLAGS[algo], "--ranks-per-node", "2"]
+    expect = f"invalid configuration: {case}: the checkpoint was trained with"
+    if case == "env":
+        flags += ["--env", "Acrobot-v1"]
+    elif case == "algo":
+        flags += ["--algo", "ddpg"]
+    elif case == "no learner":
+        n, flags = 3, [*FLAGS[algo], "--actors-per-node", "3"]
+        expect = "invalid configuration: actors_per_node: 1 learner + 3 actors"
+    else:
+        part = replay_parts(main)[1]
+        raw = bytearray(part.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        part.write_bytes(bytes(raw))
+        expect = f"invalid configuration: resume: {part}: checksum mismatch"
+    before = run_files(run_dir)
+    try:
+        proc = run(n, run_dir, *flags, "--resume", str(main), "--total-steps", "100000")
+    finally:
+        if case == "damaged replay part":
+            raw[len(raw) // 2] ^= 0xFF
+            part.write_bytes(bytes(raw))
+            before = {k: v for k, v in before.items() if k != str(part.relative_to(run_dir))}
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("invalid configuration") == 1, proc.stderr
+    assert expect in proc.stderr, proc.stderr
+    after = {k: v for k, v in run_files(run_dir).items()
+             if case != "damaged replay part" or k != str(part.relative_to(run_dir))}
+    assert after == before
