@@ -33,6 +33,7 @@ MAX_SEED = 2**32 - 1
 # Above this, actors could only insert about one transition per million samples: the
 # rate limiter would all but stop them (infinity stops them for good).
 MAX_REPLAY_RATIO = 1e6
+MIN_PEER_TIMEOUT = 5.0   # below: a rank descheduled on a crowded host looks lost
 # actors_per_node / learners_per_node: a count, a fraction, 0 (the fixed default split)
 # or AUTO (the planner, pal_hpc.plan, picks the split at start-up).
 AUTO = "auto"
@@ -157,6 +158,10 @@ class Config:
     # Runtime.
     torch_threads: int = _f(1, "torch intra-op threads per rank")
     progress_every: float = _f(5.0, "seconds between progress lines")
+    peer_timeout: float = _f(120.0, "seconds a wait for other ranks may last; then a peer "
+                                    "that does not answer a probe ends the job (exit 76); "
+                                    f"0 = none, else >= {MIN_PEER_TIMEOUT:g} and above the "
+                                    "longest evaluation and checkpoint (docs/faults.md)")
     tensorboard: bool = _f(False, "rank 0 also writes TensorBoard event files of the "
                                   "metrics log's streams (episodes, learner, evaluation, "
                                   "system) into <run_dir>/tensorboard; the HDF5 log stays "
@@ -229,6 +234,8 @@ class Config:
             req(name, getattr(self, name) > 0, "must be > 0")
         for name in ("wall_time", "checkpoint_every"):
             req(name, getattr(self, name) >= 0, "must be >= 0")
+        req("peer_timeout", self.peer_timeout == 0 or self.peer_timeout >= MIN_PEER_TIMEOUT,
+            f"must be 0 (no deadline) or >= {MIN_PEER_TIMEOUT:g} seconds")
         for name in ("per_alpha", "per_beta"):
             req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
         req("gamma", 0 < self.gamma <= 1, "must be in (0, 1]")

@@ -15,6 +15,9 @@ Configuration comes from the defaults, then `--config FILE`, then flags
 - A final checkpoint that cannot be written (a full disk) ends the job with status 1
   and one message naming the newest checkpoint on disk (`runtime.abort.JobError`).
 - A rank dies with its launcher and leaves no /dev/shm files (`runtime.lifeline`).
+- No rank waits for another for ever: past `--peer-timeout` its peers are probed, and a
+  peer that does not answer (a lost host, a partition) ends the job with exit status
+  76, one line naming the operation and the lost hosts (`cluster.deadline`).
 
 PAL_HPC_INJECT_CONFIG_ERROR="RANK[,RANK...]" or "all" makes those ranks reject the
 configuration after the topology is built, while the others go on into training:
@@ -67,13 +70,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from mpi4py import MPI
 
-    from pal_hpc.config import ConfigError
+    from pal_hpc.cluster import deadline
+    from pal_hpc.config import Config, ConfigError
     from pal_hpc.runtime.abort import JobError, abort_job, reject
 
-    world = MPI.COMM_WORLD
+    # From here on every wait for another rank has a deadline (--peer-timeout, its
+    # default until the flags are read): the runtime's communicators all derive from
+    # this watched world.
+    world = deadline.start(Config.peer_timeout)
     rank = world.Get_rank()
     lifeline.unlink_node_segments(world)
-    control = world.Dup()            # for `reject` alone, so nothing else can match it
+    control = MPI.COMM_WORLD.Dup()   # for `reject` alone, so nothing else can match it
     args = sys.argv[1:] if argv is None else argv
     try:
         cfg = _parse(args, rank)
@@ -87,10 +94,12 @@ def main(argv: list[str] | None = None) -> int:
                code=cfg)
 
     try:
+        deadline.set_timeout(cfg.peer_timeout)
         if not cfg.run_dir and cfg.resume not in ("", "latest", "auto"):
             cfg.run_dir = str(Path(cfg.resume).resolve().parent.parent)  # the checkpoint's run
         if not cfg.run_dir:           # one timestamped directory for the whole job
             cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
+        deadline.set_record(str(Path(cfg.run_dir) / "peer_lost.log"))
 
         from pal_hpc.algos.nets import bf16_cpu_note
         from pal_hpc.cluster.topology import build_topology, uneven_nodes_note
@@ -114,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         abort_job(1, f"pal_hpc: rank {rank} failed:\n{traceback.format_exc()}")
     control.Free()
+    deadline.stop()
     if status:
         # `python -m mpi4py` turns a non-zero exit into MPI_Abort (and "Abort(75)" lines);
         # this stop is not a failure, so finalize first (every rank gets here together).

@@ -6,6 +6,7 @@ import time
 
 from mpi4py import MPI
 
+from pal_hpc.cluster.watched import blocked
 from pal_hpc.config import ConfigError
 
 
@@ -13,10 +14,11 @@ def wait_all(comm: MPI.Comm, timeout: float = 600.0) -> None:
     """A barrier that sleeps instead of busy-polling."""
     req = comm.Ibarrier()
     deadline = time.monotonic() + timeout
-    while not req.Test():
-        if time.monotonic() > deadline:
-            raise TimeoutError("barrier timed out: a rank is stuck")
-        time.sleep(0.001)
+    with blocked(req):            # to peers' probes this rank waits (cluster.deadline)
+        while not req.Test():
+            if time.monotonic() > deadline:
+                raise TimeoutError("barrier timed out: a rank is stuck")
+            time.sleep(0.001)
 
 
 def on_rank0(comm: MPI.Comm, fn):

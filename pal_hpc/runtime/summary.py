@@ -55,6 +55,8 @@ class Summary:
             "steps_to_target": hit["env_steps"] if hit else None,
             "target_return": cfg.target_return,
             "ranks": self.world.Get_size(), "nodes": self.topo.n_nodes,
+            # The hosts the ranks ran on (MPI's processor names), in order of first rank.
+            "hosts": list(dict.fromkeys(getattr(self, "hosts", None) or [])),
             "actors": self.n_actors, "learners": self.n_learners,
             "learner_params_identical": identical,
             "checkpoint": checkpoint,       # None: the final checkpoint failed
