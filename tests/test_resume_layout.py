@@ -8,6 +8,7 @@ reproducibly; and training continues to its target through the real entry point.
 Bad input is one clear error that leaves the run directory as it was."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -117,3 +118,21 @@ def test_bad_input_is_one_clear_error_and_changes_nothing(saved, case, tmp_path)
     after = {k: v for k, v in run_files(run_dir).items()
              if case != "damaged replay part" or k != str(part.relative_to(run_dir))}
     assert after == before
+
+
+def test_saved_at_4_ranks_resumes_at_2_and_at_6_on_3_nodes(tmp_path):
+    """The default flags (a 20,000-row buffer per node): saved at -n 4 on 2 virtual
+    nodes, resumed at -n 2 and at -n 6 on 3 virtual nodes with --resume latest."""
+    first = tmp_path / "run"
+    proc = run(4, first, "--ranks-per-node", "2", "--total-steps", "3000")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    digest = json.loads((first / "summary.json").read_text())["params_digest"]
+    for n, flags in ((2, []), (6, ["--ranks-per-node", "2"])):
+        run_dir = tmp_path / f"n{n}"
+        shutil.copytree(first, run_dir)
+        proc = run(n, run_dir, *flags, "--resume", "latest", "--total-steps", "4500")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["params_digest_at_start"] == digest
+        assert summary["nodes"] == (1 if n == 2 else 3) and summary["env_steps"] >= 4500
+        assert "resumed 2 nodes x 2 ranks" in proc.stdout, proc.stdout
