@@ -103,6 +103,7 @@ bench: install
 	$(PY) bench/bench_ppo.py $(ARGS)
 	$(PY) bench/bench_integrations.py $(ARGS)
 	$(PY) bench/bench_multiagent.py $(ARGS)
+	$(PY) bench/bench_multihost.py $(ARGS)
 
 # Its own target: 3 batch sizes x 500 rounds on both sides, Blackjack-bound (~20 min on 2
 # cores); ARGS=--quick runs batch 500 for 50 rounds.
