@@ -213,8 +213,9 @@ def test_moments_merge_is_the_unions():
 
 
 @pytest.mark.parametrize("act", [DISCRETE, BOX])
-def test_a_minibatch_split_over_two_masters_is_one_master_on_the_union(act):
-    fields = {"norm_obs": True, "norm_reward": True}
+@pytest.mark.parametrize("shared", [False, True])        # numpy_grad, torch
+def test_a_minibatch_split_over_two_masters_is_one_master_on_the_union(act, shared):
+    fields = {"norm_obs": True, "norm_reward": True, "shared_torso": shared}
     union = make(act, seed=3, **fields)
     halves = [make(act, seed=3, **fields) for _ in range(2)]
     for round_ in range(2):
@@ -333,16 +334,21 @@ def digest_of(path):
 
 @pytest.mark.mpi
 def test_cartpole_trains_logs_and_resumes_exactly(tmp_path):
-    """-n 1: CleanRL's metrics in the HDF5 log every round; a resume restores the
-    checkpoint bit for bit, and two resumes from it end alike (determinism)."""
+    """-n 1: CleanRL's metrics in the HDF5 log and TensorBoard every round; a resume
+    restores the checkpoint bit for bit, and two resumes from it end alike."""
     run = tmp_path / "run"
-    proc = launch(1, run, "--total-steps", "3000", "--eval-every", "1500", "--num-steps", "64")
+    proc = launch(1, run, "--total-steps", "3000", "--eval-every", "1500", "--num-steps", "64",
+                  "--tensorboard")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = summary(run)
     assert s["algo"] == "ppo" and s["updates"] == -(-3000 // 256) and s["exit_status"] == 0
     log = read_run_metrics(run)
     assert log["learner"].dtype.names[3:] == PPO.metric_names
     assert len(log["learner"]) == s["updates"]
+    from test_tensorboard import scalars
+    tb = scalars(run / "tensorboard")
+    for name in ("approx_kl", "clipfrac", "explained_variance", "entropy", "value_loss"):
+        assert len(tb[f"learner/{name}"]) == s["updates"], sorted(tb)
     assert (log["learner"]["epochs"] == 4).all() and np.isfinite(log["learner"]["approx_kl"]).all()
     assert len(log["evaluation"]) >= 2 and len(log["episodes"]) == s["episodes"]
     saved = tmp_path / "saved.h5"

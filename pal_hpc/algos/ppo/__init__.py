@@ -9,6 +9,7 @@ The modules, each importing only those above it in this list:
 - `normalize`: running observation / return statistics merged across masters;
 - `network`: the actor-critic (PPONet: categorical or Gaussian), sampling, PPOPolicy;
 - `loss`: GAE and the clipped surrogate (its docstring holds the equations);
+- `numpy_grad`: that loss's gradient by hand for small MLPs on the CPU;
 - `algorithm`: PPO, the class the registry names.
 """
 

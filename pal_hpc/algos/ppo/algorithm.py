@@ -184,7 +184,11 @@ class PPO(OnPolicyAlgorithm):
         adv, ret = gae(reward, values, batch["terminated"], batch["truncated"],
                        self.gamma, self.config.gae_lambda)
         rows = np.flatnonzero(np.asarray(batch["valid"]).T.reshape(-1))   # env-major
-        em = lambda x: np.swapaxes(np.asarray(x), 0, 1).reshape(n * t_max, *np.shape(x)[2:])[rows]  # noqa: E731
+
+        def em(x):                     # (T, N, ...) -> this master's rows, env-major
+            x = np.swapaxes(np.asarray(x), 0, 1)
+            return x.reshape(n * t_max, *x.shape[2:])[rows]
+
         cols = {"action": em(batch["action"]).astype(np.float32 if self.continuous
                                                       else np.int64),
                 **{k: em(x).astype(np.float32) for k, x in (

@@ -1,5 +1,13 @@
-"""On-policy training (PAAC): one master per node drives the node's environments in
-lockstep; the masters of all nodes average their gradients with one Allreduce.
+"""On-policy training (PAAC, PPO): one master per node drives the node's environments in
+lockstep; the masters of all nodes learn together, each update step one Allreduce.
+
+The runtime knows no algorithm: it asks the on-policy contract
+(`pal_hpc.algos.onpolicy`) how many steps a round has, how to act (and which per-step
+extras to keep), what every master must see of every other's round before the update
+(gathered with one collective: PPO's advantages and normalization moments; PAAC's
+nothing) and the update's steps (PAAC: one on the whole round; PPO: its epochs'
+minibatches), each one Allreduce of [gradient | the step's sums | rank 0's votes].
+What follows is PAAC's round; PPO's is in docs/ppo.md.
 
 On each (real or virtual) node, node rank 0 is the *master*: it holds the algorithm
 (on CUDA when asked and present), runs one batched forward pass per step, and after
@@ -34,6 +42,7 @@ The package, one module per job (each imports only those listed before it):
 - `rollout`: the round's arrays and the environments' seeds;
 - `reporting`: the progress line, system rows, the metrics log, the summary's fields;
 - `checkpoints`: checkpoint and resume of the masters;
+- `update`: a master's update (the gathered table, the steps, the votes);
 - `wind_down`: the end of the job on every rank;
 - `master`: `OnPolicyRun`, the rank itself (roles, rollout loop, updates and their
   votes), built from the parts above and the off-policy side's services (Coordinator,
