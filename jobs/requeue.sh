@@ -5,7 +5,10 @@
 # checkpointed and exited, `--requeue` or not.  pal_hpc exits with WORK_LEFT_EXIT (75)
 # when it stopped on SIGTERM/SIGUSR1 with its budget not used up; this script then runs
 # `scontrol requeue`: the job keeps its id and run directory, SLURM_RESTART_COUNT goes
-# up by one, and `--resume auto` continues from the newest checkpoint.  Exit 0 (budget
+# up by one, and `--resume auto` continues from the newest checkpoint -- on whatever
+# allocation this attempt got: another node count or ranks per node resumes too (the
+# replay is re-split over the new nodes; docs/logs.md), and so does a new submission
+# of any of the scripts with the same PAL_RUN_DIR.  Exit 0 (budget
 # done) and any other status (an error) end the job for good, as do more than
 # PAL_MAX_RESTARTS restarts, and so does a cancelled job (SIGTERM to the batch script:
 # `scancel` without -s), whatever its ranks' status.
@@ -32,6 +35,7 @@ pal_run_and_requeue() {
     shift
     stamp=$(mktemp)
     echo "pal_hpc: job ${SLURM_JOB_ID:-?} attempt $((restarts + 1)) on ${SLURM_JOB_NODELIST:-?}" \
+        "(${SLURM_NTASKS:-?} ranks on ${SLURM_JOB_NUM_NODES:-?} node(s))" \
         "at $(date '+%F %T'); run directory ${run_dir}"
     "$@" || status=$?
     if [ "$status" = "$WORK_LEFT_EXIT" ] && ! _pal_work_left "$run_dir" "$stamp"; then
