@@ -126,3 +126,20 @@ def _world_rank_pid(pids: list[int], rank: int) -> int:
             if item in (f"PMI_RANK={rank}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode()):
                 return pid
     raise AssertionError(f"no process of rank {rank} among {pids}")
+
+
+def test_a_checkpoint_write_near_the_deadline_is_warned_about_once(tmp_path, capsys,
+                                                                    monkeypatch):
+    from pal_hpc.cluster import watched
+    from pal_hpc.io import checkpoint as ckpt
+
+    monkeypatch.setattr(watched, "TIMEOUT", [1e-9])     # any write takes longer
+    monkeypatch.setattr(ckpt, "_warned_slow", False)
+    for i in range(2):
+        ckpt.write_atomic(tmp_path / f"step_{i}.h5", lambda f: f.attrs.update(x=1))
+    err = capsys.readouterr().err
+    assert err.count("over half of --peer-timeout") == 1 and "step_0.h5" in err
+    monkeypatch.setattr(watched, "TIMEOUT", [0.0])      # no deadline: no warning
+    monkeypatch.setattr(ckpt, "_warned_slow", False)
+    ckpt.write_atomic(tmp_path / "step_2.h5", lambda f: f.attrs.update(x=1))
+    assert "peer-timeout" not in capsys.readouterr().err

@@ -163,7 +163,7 @@ def _gone(hosts, names, since, limit):
     return gone
 
 
-def test_a_lost_host_ends_the_job_in_seconds_and_its_checkpoint_resumes(hosts, tmp_path):
+def test_a_lost_host_ends_the_job_in_seconds_and_the_run_resumes_without_it(hosts, tmp_path):
     run_dir = tmp_path / "lost"
     proc = _start_long(hosts, run_dir)
     try:
@@ -184,10 +184,15 @@ def test_a_lost_host_ends_the_job_in_seconds_and_its_checkpoint_resumes(hosts, t
     assert set(gone) == set(hosts.names[:2]), "ranks outlived the job"
     newest = ckpt.latest_valid(run_dir)           # raises if none verifies
     assert not list(run_dir.rglob("*.tmp"))
-    res = run(pal(hosts, 4, run_dir, "--total-steps", "2000", "--learners-per-node", "1",
-                  "--resume", "latest"))
+    # The run goes on without the lost host: its checkpoint (2 nodes) resumes on the
+    # remaining one, its two replay shards re-split into one.
+    res = run(pal(hosts, 2, run_dir, "--total-steps", "2000", "--resume", "latest",
+                  on=[hosts.names[0]]))
     assert res.returncode == 0, res.stderr[-3000:]
-    assert summary_of(run_dir)["resumed_from"] == str(newest)
+    s = summary_of(run_dir)
+    assert s["resumed_from"] == str(newest) and s["nodes"] == 1
+    assert s["hosts"] == [hosts.names[0]]
+    assert s["params_digest_at_start"] == ckpt.verify(newest)["params_digest"]
 
 
 def test_a_partition_ends_every_rank_on_both_sides_within_the_deadline(hosts, tmp_path):

@@ -5,7 +5,8 @@ completes, which `cluster.deadline`'s watchdog looks at.
 blocking collectives and point-to-point calls are open while they run; its non-blocking
 ones return a `WatchedRequest`, open until a Test or Wait finds it complete; Dup, Split
 and the like return watched communicators too.  Nothing is recorded while no deadline is
-set (`TIMEOUT[0]` <= 0) or inside `untimed()`.
+set (`TIMEOUT[0]` <= 0) or inside `untimed()`.  The cost: about 4 us an operation
+(an Iallreduce and its Test on one rank: 1.2 us bare, 5.0 us watched), a few per update.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -78,6 +79,20 @@ def node_of_replay(name: str) -> int:
 
 # -- writing ------------------------------------------------------------------
 
+_warned_slow = False
+
+
+def _warn_if_near_deadline(path: Path, seconds: float) -> None:
+    """Once: a write over half of --peer-timeout (h5py holds the GIL: no probe answered)."""
+    global _warned_slow
+    watched = sys.modules.get("pal_hpc.cluster.watched")   # only in a job's ranks
+    timeout = watched.TIMEOUT[0] if watched else 0.0
+    if not _warned_slow and 0 < timeout < 2 * seconds:
+        _warned_slow = True
+        print(f"pal_hpc: warning: writing {path.name} took {seconds:.0f} s, over half of "
+              f"--peer-timeout {timeout:g} s: raise it", file=sys.stderr, flush=True)
+
+
 def write_atomic(path: Path, fill: Callable[[h5py.File], None], expected_bytes: int = 0,
                  in_memory: bool = False) -> str:
     """Create `path` through a temporary file: fill it, add its checksum, fsync, rename.
@@ -95,6 +110,7 @@ def write_atomic(path: Path, fill: Callable[[h5py.File], None], expected_bytes: 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    start = time.monotonic()
     try:
         if in_memory:
             buf = io.BytesIO()
@@ -113,6 +129,7 @@ def write_atomic(path: Path, fill: Callable[[h5py.File], None], expected_bytes: 
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _warn_if_near_deadline(path, time.monotonic() - start)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, (OSError, RuntimeError)) and not isinstance(exc, CheckpointError):
