@@ -93,10 +93,11 @@ class MasterCheckpointing(Checkpointing):
                                   f"shapes")
         layout = json.loads(attrs["layout"])
         if layout != self.topo.node_sizes or json.loads(attrs["num_envs"]) != self.node_envs:
-            raise ConfigError(f"ranks_per_node: the checkpoint was written by nodes of "
-                              f"{layout} ranks with {json.loads(attrs['num_envs'])} "
-                              f"environments; this run has {self.topo.node_sizes} with "
-                              f"{self.node_envs}")
+            raise ConfigError(f"ranks_per_node: an on-policy run resumes on the layout it "
+                              f"was checkpointed on (off-policy runs on any): the checkpoint "
+                              f"was written by nodes of {layout} ranks with "
+                              f"{json.loads(attrs['num_envs'])} environments; this run has "
+                              f"{self.topo.node_sizes} with {self.node_envs}")
 
     def _restore(self, path: str) -> None:
         """A master: parameters, optimizer, counters and RNG states from `path`."""
