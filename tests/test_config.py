@@ -45,7 +45,7 @@ def test_every_field_is_documented():
 
 
 @pytest.mark.parametrize("name, value", [
-    ("algo", "ppo"), ("device", "tpu"), ("env", "NoSuchEnv-v0"),
+    ("algo", "impala"), ("device", "tpu"), ("env", "NoSuchEnv-v0"),
     ("total_steps", 0), ("wall_time", -1.0), ("seed", -1), ("ranks_per_node", -2),
     ("actors_per_node", -1.0), ("actors_per_node", 1.5), ("actors_per_node", 1.0 + 1e-9),
     ("learners_per_node", 2.5), ("learners_per_node", float("nan")),
@@ -280,8 +280,8 @@ def test_config_from_dict_rejects_unknown_and_duplicate_keys():
     with pytest.raises(ConfigError, match="^batch_size: given twice"):
         config_from_dict({"batch_size": 1, "batch-size": 2})
     # A table under a name that is no algorithm is an unknown key too.
-    with pytest.raises(ConfigError, match="^ppo: unknown config key"):
-        config_from_dict({"ppo": {"lr": 1e-3}})
+    with pytest.raises(ConfigError, match="^impala: unknown config key"):
+        config_from_dict({"impala": {"lr": 1e-3}})
     # In the algorithm's table, a key no algorithm takes is named.
     with pytest.raises(ConfigError, match="^bogus: an option of no algorithm; "
                                           "--algo dqn does not take it"):
