@@ -27,10 +27,9 @@ from pal_hpc.cluster.collectives import on_rank0, wait_all
 from pal_hpc.config import ConfigError
 from pal_hpc.config_io import config_to_dict
 from pal_hpc.io import checkpoint as ckpt
-from pal_hpc.replay.resplit import plan_resplit
-from pal_hpc.replay.resplit_load import carried_samples, load_resplit
-from pal_hpc.replay.shards import ShardError, open_shard, write_shard
+from pal_hpc.replay.shards import write_shard
 from pal_hpc.runtime import resume_layout as RL
+from pal_hpc.runtime import resume_replay as RR
 from pal_hpc.runtime import stats as S
 
 
@@ -176,9 +175,10 @@ class Checkpointing:
             replay_files = json.loads(f.attrs["replay_files"])
         note = ""
         if replay_files and direct:
-            self._load_own_replay(Path(found), replay_files)
+            RR.load_own_replay(self.replay, me, Path(found), replay_files)
         elif replay_files:
-            note = self._resplit_replay(Path(found), replay_files, layout)
+            note = RR.resplit_replay(world, me, self.replay, Path(found), replay_files,
+                                     layout, self.node_replays, self.cfg.replay_ratio)
         if layout != now:
             self._derive_rngs(step)
         self.resumed_from = found
@@ -202,7 +202,9 @@ class Checkpointing:
     def _restore_rank(self, g) -> None:
         """The same layout: this rank's own counters, RNG states and schedule."""
         saved = json.loads(g.attrs["stats"])[:S.SIZE]   # older files: fewer slots
+        capacity = self.stats.mine[S.REPLAY_CAPACITY]   # this run's (it may differ)
         self.stats.mine[:len(saved)] = saved
+        self.stats.mine[S.REPLAY_CAPACITY] = capacity
         # Requests of the old run (stop, preemption, checkpoints) are not this run's.
         for slot in (S.PREEMPT, S.STOP, S.CHECKPOINTS):
             self.stats.mine[slot] = 0.0
@@ -242,59 +244,6 @@ class Checkpointing:
             seeds = RL.derived_env_seeds(seed, step, rank, len(self.actor.envs))
             for i, (env, s) in enumerate(zip(self.actor.envs, seeds)):
                 self.actor.obs[i] = env.reset(seed=s)[0]
-
-    def _load_own_replay(self, main: Path, replay_files: dict) -> None:
-        """The same layout and buffers: each node loads its own saved buffer as it was."""
-        me = self.me
-        replay_file = ckpt.replay_file_of(main, replay_files, me.node)
-        if me.local_rank == 0 and replay_file is not None:
-            with h5py.File(replay_file, "r") as rf:
-                group = rf["replay"]
-                self.replay.load_state_arrays({name: group[name] for name in group})
-
-    def _resplit_replay(self, main: Path, replay_files: dict, layout: list) -> str:
-        """Another layout (or buffer): every node's first rank loads its share of the
-        union of the saved buffers (`pal_hpc.replay.resplit`).  Collective over the job;
-        an error on any node is raised on every rank.  Returns rank 0's note."""
-        me, world = self.me, self.world
-        err, done, note = "", (0, 0), ""
-        if me.local_rank == 0:
-            paths = [ckpt.replay_file_of(main, replay_files, node)
-                     for node in sorted({n for n, _, _ in layout})]
-            shards = []
-            try:
-                if any(p is None for p in paths):
-                    raise ShardError(f"{main}: lists no replay file for some node of its "
-                                     f"layout ({sorted(replay_files)})")
-                shards = [open_shard(p) for p in paths]
-                frames = ((self.replay.frames.stack, self.replay.n_step)
-                          if self.actor_frames() else None)
-                plan = plan_resplit([[r.rows for r in s.rings] for s in shards],
-                                    [lengths for _, _, lengths in self.node_replays], frames)
-                pieces = plan.rings[me.node]
-                placed = sum(p.size for ring in pieces for p in ring)
-                sampled = carried_samples(shards, placed, self.cfg.replay_ratio)
-                got = load_resplit(self.replay, pieces, shards, sampled)
-                done = (got["rows"], got["transitions"])
-                before = (sum(int(np.count_nonzero(r.prio)) for s in shards for r in s.rings)
-                          if frames else None)
-                note = (plan, before)
-            except (ShardError, ValueError) as exc:
-                err = f"resume: {exc}"
-            finally:
-                for shard in shards:
-                    shard.close()
-        results = world.allgather((err, done))
-        errors = [e for e, _ in results if e]
-        if errors:
-            raise ConfigError(errors[0])
-        if not note:
-            return ""
-        plan, before = note
-        placed = sum(rows for _, (rows, _) in results)
-        after = sum(t for _, (_, t) in results)
-        return RL.replay_note(plan.saved_rows, plan.kept_rows, placed,
-                              (before, after) if before is not None else None)
 
     def _find_checkpoint(self, check=None):
         """Rank 0: the checkpoint --resume names (verified), or None for a first start
@@ -368,22 +317,6 @@ class Checkpointing:
             node = ckpt.node_of_replay(name)
             with h5py.File(Path(path).with_name(name), "r") as rf:
                 sigs[node] = json.loads(rf.attrs["signature"])
-            self._check_replay_kind(sigs[node], here[0])
+            RR.check_replay_kind(sigs[node], here[0])
         return (json.loads(attrs["layout"]) == self._layout_now()
                 and all(sigs.get(node) == sig for node, sig in here.items()))
-
-    @staticmethod
-    def _check_replay_kind(then: dict, now: dict) -> None:
-        """Refuse a saved replay whose rows this run's replay cannot hold, naming the
-        field that decides it."""
-        if ("streams" in then) != ("streams" in now):
-            kinds = ["frames stored once" if "streams" in s else "whole transitions"
-                     for s in (then, now)]
-            raise ConfigError(f"frame_dedup: the checkpoint's replay holds {kinds[0]}, this "
-                              f"run's holds {kinds[1]}; resuming would change the "
-                              f"observation layout")
-        for key, field in (("spec", "env"), ("stack", "env"), ("n_step", "n_step")):
-            if then.get(key) != now.get(key):
-                raise ConfigError(f"{field}: the checkpoint's replay stores {key} "
-                                  f"{then.get(key)!r}, this run's {now.get(key)!r}; resuming "
-                                  f"would change the observation layout")
