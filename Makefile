@@ -134,14 +134,14 @@ IMPI_VENV     := .venv-impi
 # The MPI part of the suite that `make test-openmpi` (and so `make test`) runs under
 # the other MPI (see docs/other-mpi.md): what depends on the MPI
 # library or its launcher -- windows, topology, weights, replay, training, signals,
-# checkpoint/resume, abort, launcher death -- without the slow tests (training to a
-# target, 10^7-update precision, the 5-kill fault run), which repeat under MPICH what
+# checkpoint/resume, abort, launcher death, test hosts -- without the slow tests (training
+# to a target, 10^7-update precision, the 5-kill fault run), which repeat under MPICH what
 # these cover, and without test_slurm.py (its scripts use .venv).  Widen it with
 # OTHER_MPI_TESTS=... or OTHER_MPI_PYTEST=.
 OTHER_MPI_TESTS ?= tests/test_mpi_vendor.py tests/test_mpi_topology.py \
     tests/test_mpi_window.py tests/test_mpi_weights.py tests/test_mpi_replay.py \
     tests/test_train.py tests/test_resume.py tests/test_faults_process.py \
-    tests/test_faults_runs.py
+    tests/test_faults_runs.py tests/test_multihost.py
 OTHER_MPI_PYTEST ?= -m "not slow"
 
 # $(call other_mpi_venv,VENV,WHEEL): create VENV with requirements.txt's mpich pin

@@ -78,7 +78,10 @@ class Responder:
         self.rank, self.host, self.describe = rank, host, describe
         self.address = address or local_address()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("0.0.0.0", 0))
+        try:                           # only where the peers look for it
+            self.sock.bind((self.address, 0))
+        except OSError:
+            self.sock.bind(("0.0.0.0", 0))
         self.port = self.sock.getsockname()[1]
         self._stop = False
         self._thread = threading.Thread(target=self._serve, name="pal_hpc-liveness",
