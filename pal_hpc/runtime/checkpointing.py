@@ -315,8 +315,12 @@ class Checkpointing:
         sigs = {}
         for name in replay_files:
             node = ckpt.node_of_replay(name)
-            with h5py.File(Path(path).with_name(name), "r") as rf:
-                sigs[node] = json.loads(rf.attrs["signature"])
+            try:
+                with h5py.File(Path(path).with_name(name), "r") as rf:
+                    sigs[node] = json.loads(rf.attrs["signature"])
+            except (OSError, KeyError, ValueError) as exc:
+                raise ConfigError(f"resume: {name}: not a replay file of this format "
+                                  f"({exc})") from None
             RR.check_replay_kind(sigs[node], here[0])
         return (json.loads(attrs["layout"]) == self._layout_now()
                 and all(sigs.get(node) == sig for node, sig in here.items()))
