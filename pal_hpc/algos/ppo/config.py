@@ -73,8 +73,12 @@ def env_family(env_id: str) -> str:
         return "atari"
     try:
         env = gym.make(env_id)
-    except Exception:             # an unknown id: Config.validate names it
-        return "discrete"
+    except Exception:             # an unknown id (Config.validate names it), or one whose
+        try:                      # engine is missing here: MuJoCo's are continuous
+            entry = str(gym.spec(env_id).entry_point)
+        except Exception:
+            return "discrete"
+        return "continuous" if "mujoco" in entry else "discrete"
     try:
         return "continuous" if isinstance(env.action_space, gym.spaces.Box) else "discrete"
     finally:
