@@ -141,7 +141,15 @@ IMPI_VENV     := .venv-impi
 OTHER_MPI_TESTS ?= tests/test_mpi_vendor.py tests/test_mpi_topology.py \
     tests/test_mpi_window.py tests/test_mpi_weights.py tests/test_mpi_replay.py \
     tests/test_train.py tests/test_resume.py tests/test_faults_process.py \
-    tests/test_faults_runs.py tests/test_multihost.py
+    tests/test_faults_runs.py $(MULTIHOST_LAUNCH_TESTS)
+# Of the multi-host tests, those of the launcher's own part (placing ranks on test
+# hosts, a lost host, a partition, a host it cannot reach); the training runs across
+# hosts repeat under MPICH what the other MPI's training tests cover.
+MULTIHOST_LAUNCH_TESTS := $(addprefix tests/test_multihost.py::,\
+    test_test_hosts_share_nothing_but_their_links \
+    test_a_lost_host_ends_the_job_in_seconds_and_the_run_resumes_without_it \
+    test_a_partition_ends_every_rank_on_both_sides_within_the_deadline \
+    test_a_host_that_cannot_be_reached_or_is_unknown_fails_at_once)
 OTHER_MPI_PYTEST ?= -m "not slow"
 
 # $(call other_mpi_venv,VENV,WHEEL): create VENV with requirements.txt's mpich pin

@@ -83,11 +83,11 @@ def test_a_frozen_rank_ends_the_job_within_the_deadline_naming_it(tmp_path):
 
 @pytest.mark.mpi
 def test_a_slow_rank_that_answers_only_extends_the_wait(tmp_path):
-    """Rank 0 sleeps 14 s once (in its loop) with --peer-timeout 5: the other ranks'
+    """Rank 0 sleeps 9 s once (in its loop) with --peer-timeout 5: the other ranks'
     counter rounds wait past the deadline, the probes find it alive, and the run ends
     normally."""
     cmd = pal_cmd(3, tmp_path / "run", "--total-steps", "3000", "--peer-timeout", "5")
-    res = subprocess.run(cmd, cwd=ROOT, env=mpi_env(PAL_HPC_INJECT_STALL="0:14"),
+    res = subprocess.run(cmd, cwd=ROOT, env=mpi_env(PAL_HPC_INJECT_STALL="0:9"),
                          capture_output=True, text=True, timeout=150)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "did not complete" not in res.stderr
