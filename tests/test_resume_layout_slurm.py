@@ -1,5 +1,5 @@
 """jobs/*.sbatch resume whatever allocation they get, under the throw-away SLURM of
-tests/slurm_cluster.py: a run that multi_node.sbatch checkpointed on 2 nodes x 4 ranks
+tests/slurm_cluster.py: a run that multi_node.sbatch checkpointed on 2 nodes x 2 ranks
 is continued (PAL_RUN_DIR, --resume auto) by single_node.sbatch on 1 node x 3 ranks.
 Skips where SLURM cannot be set up, as tests/test_slurm.py does."""
 
@@ -11,12 +11,14 @@ pytestmark = pytest.mark.mpi
 
 
 def test_a_run_continues_on_a_smaller_allocation(cluster, tmp_path):  # noqa: F811
-    first = Job(cluster, tmp_path, "multi_node.sbatch", "--nodes=2",
+    # 2 ranks a node (not test_slurm's 4): the layout changes all the same (2 nodes -> 1,
+    # 4 ranks -> 3), and 8 ranks on 2 cores beside the other pytest worker's job took 2 min.
+    first = Job(cluster, tmp_path, "multi_node.sbatch", "--nodes=2", "--ntasks-per-node=2",
                 args=("--total-steps", "3000"))
     info = first.wait_final(timeout=300)
     assert info["JobState"] == "COMPLETED", (info, first.output)
     saved = first.summary()
-    # The script's learners per node are a share of the node's ranks (1 of 4 here).
+    # The script's learners per node are a share of the node's ranks (1 of 2 here).
     assert saved["learners"] == saved["nodes"] and saved["exit_status"] == 0, saved
 
     second = Job(cluster, tmp_path, "single_node.sbatch", "--ntasks-per-node=3",
