@@ -83,6 +83,14 @@ def test_test_hosts_share_nothing_but_their_links(hosts):
     assert hosts.run(a, f"getent hosts {b}").stdout.split()[0] == hosts.addresses[b]
     routes = hosts.run(a, "ip -4 route").stdout
     assert "default" not in routes, routes
+    # Its own TMPDIR (a node's own /tmp), where the launchers' daemons keep their state:
+    # in the shared /tmp, Open MPI's daemons -- PID 7 on every host -- shared one session
+    # (/tmp/prted.7: its job directories, its hwloc shared-memory file), left behind for
+    # the next job; a lost host then did not end an Open MPI job, nor a partition its
+    # cut-off side.
+    tmp = {h: hosts.run(h, 'echo "$TMPDIR"').stdout.strip() for h in (a, b)}
+    assert tmp == {h: str(hosts.tmpdir(h)) for h in (a, b)} and tmp[a] != tmp[b]
+    assert os.environ.get("TMPDIR") not in tmp.values()
 
 
 def test_dqn_across_two_hosts_trains_over_the_links_checkpoints_and_resumes(hosts, tmp_path):

@@ -60,7 +60,9 @@ def fresh_venv(tmp_path_factory, dist) -> Path:
     """A new venv (this interpreter's version) with requirements.txt and the wheel."""
     venv = tmp_path_factory.mktemp("venv") / "v"
     _run([sys.executable, "-m", "venv", venv], cwd=venv.parent, timeout=120)
-    _run([venv / "bin/python", "-m", "pip", "install", "--quiet", "-r",
+    # --no-compile: the stack's bytecode (torch's thousands of modules) is written as
+    # it is first imported instead of all up front; what is installed is the same.
+    _run([venv / "bin/python", "-m", "pip", "install", "--quiet", "--no-compile", "-r",
           ROOT / "requirements.txt", dist["wheel"]], cwd=venv.parent, timeout=900,
          env=_outside_env())
     return venv

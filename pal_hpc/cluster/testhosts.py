@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,6 +101,15 @@ class TestHosts:
     def __exit__(self, *exc) -> None:
         self.down()
 
+    def tmpdir(self, host: str) -> Path:
+        """The host's own TMPDIR (every process started on it gets it), as a node has
+        its own /tmp; /tmp itself stays the machine's, as a shared file system would
+        (run directories live there).  In the shared /tmp, Open MPI's daemons -- PID 7
+        in every host's PID namespace -- kept one session between them ($TMPDIR/prted.7:
+        job directories, the hwloc shared-memory file) and left it behind; with that, a
+        lost host once did not end an Open MPI job, nor a partition its cut-off side."""
+        return self.state / f"tmp-{host}"
+
     def veth(self, host: str) -> str:
         """The machine-side end of `host`'s link (its counters: `link_bytes`)."""
         return f"{self.prefix}v{self.names.index(host) + 1}"
@@ -134,6 +144,8 @@ class TestHosts:
             _run("ip", "-n", ns, "addr", "add", f"{self.addresses[host]}/24", "dev", HOST_IFACE)
             _run("ip", "-n", ns, "link", "set", HOST_IFACE, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
+            self.tmpdir(host).mkdir(exist_ok=True)
+            self.tmpdir(host).chmod(0o1777)
             self._start_holder(host, hosts_file)
         self._write_wrapper()
         (self.state / "hosts.json").write_text(json.dumps(
@@ -184,7 +196,7 @@ esac
 if [ -e "{self.state}/cut-$host" ]; then
   echo "testhosts: connect to host $host: No route to host (its link is cut)" >&2; exit 255
 fi
-exec nsenter -t "$pid" -n -u -i -m -p -- /bin/sh -c "$*"
+exec nsenter -t "$pid" -n -u -i -m -p -- env TMPDIR="{self.state}/tmp-$host" /bin/sh -c "$*"
 """)
         self.wrapper.chmod(0o755)
 
@@ -209,7 +221,7 @@ exec nsenter -t "$pid" -n -u -i -m -p -- /bin/sh -c "$*"
     def exec_argv(self, host: str, argv: list[str]) -> list[str]:
         """`argv` run inside `host`."""
         return ["nsenter", "-t", str(self.pids[host]), "-n", "-u", "-i", "-m", "-p", "--",
-                *argv]
+                "env", f"TMPDIR={self.tmpdir(host)}", *argv]
 
     def run(self, host: str, cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """Run shell `cmd` on `host`; returns the finished process (text output)."""
@@ -308,6 +320,8 @@ def sweep(tag: str) -> None:
     state = STATE_ROOT / tag
     for path in (state / "ssh", state / "hosts", state / "hosts.json", *state.glob("cut-*")):
         path.unlink(missing_ok=True)
+    for path in state.glob("tmp-*"):
+        shutil.rmtree(path, ignore_errors=True)
     if state.exists():
         try:
             state.rmdir()
