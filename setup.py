@@ -121,7 +121,6 @@ setup(
         extensions,
         compiler_directives={"language_level": "3"},
         include_path=["cython"],
-        nthreads=JOBS,
     ),
     cmdclass={"build_ext": build_ext_checked},
     zip_safe=False,

@@ -175,7 +175,8 @@ class TestHosts:
         raise TestHostsError(f"host {host} did not start within 10 s")
 
     def _write_wrapper(self) -> None:
-        cases = "".join(f"  {h}) pid={p} ;;\n" for h, p in self.pids.items())
+        cases = "".join(f"  {h}) pid={p}; tmp={self.tmpdir(h)} ;;\n"
+                        for h, p in self.pids.items())
         known = " ".join(self.names)
         self.wrapper.write_text(f"""#!/bin/sh
 # hydra's / Open MPI's "ssh" for the test hosts {known}
@@ -196,7 +197,7 @@ esac
 if [ -e "{self.state}/cut-$host" ]; then
   echo "testhosts: connect to host $host: No route to host (its link is cut)" >&2; exit 255
 fi
-exec nsenter -t "$pid" -n -u -i -m -p -- env TMPDIR="{self.state}/tmp-$host" /bin/sh -c "$*"
+exec nsenter -t "$pid" -n -u -i -m -p -- env TMPDIR="$tmp" /bin/sh -c "$*"
 """)
         self.wrapper.chmod(0o755)
 
