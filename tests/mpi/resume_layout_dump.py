@@ -10,6 +10,10 @@ stacks and fields; its max priority, sample and insert counts, and a digest of t
 whole buffer) and OUT/job.json from rank 0: whether every learner's algorithm state
 (parameters, targets, optimizer) equals the checkpoint's bit for bit, the job's
 counter sums, each actor's steps and the RNG states of every rank.
+
+An on-policy checkpoint (--algo paac, ppo) has no replay: OUT/job.json alone, with
+each master's algorithm state checked against the checkpoint's, its counters, env
+steps and RNG states.
 """
 
 import hashlib
@@ -23,6 +27,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from pal_hpc.algos import ALGOS
 from pal_hpc.cluster.collectives import wait_all
 from pal_hpc.cluster.topology import build_topology
 from pal_hpc.config_io import load_config
@@ -75,6 +80,8 @@ def main() -> None:
     cfg = load_config(sys.argv[2:])
     world = MPI.COMM_WORLD
     topo = build_topology(world, cfg)
+    if getattr(ALGOS[cfg.algo], "on_policy", False):
+        return main_on_policy(out, cfg, world, topo)
     run = RankRun(cfg, topo)
     me = topo.me
     if me.local_rank == 0:
@@ -111,6 +118,32 @@ def main() -> None:
     wait_all(world)
     run.replay.close()
     run.weights.free()
+    topo.free()
+
+
+def main_on_policy(out: Path, cfg, world, topo) -> None:
+    """The masters restore in OnPolicyRun's constructor; the workers hold nothing."""
+    from pal_hpc.runtime.onpolicy.master import OnPolicyRun
+
+    run = OnPolicyRun(cfg, topo)
+    mine = {"rank": world.Get_rank(), "master": run.is_master}
+    if run.is_master:
+        with h5py.File(run.resumed_from, "r") as f:
+            updates = int(f.attrs["updates"])
+        mine.update(algo_state_equal=same_algo_state(run.algo, run.resumed_from)
+                    and run.algo.updates == updates,
+                    stats=run.stats.mine.tolist(), node_steps=run.node_steps,
+                    rng=json.dumps(run.rng.bit_generator.state),
+                    torch_rng=hashlib.sha256(torch.get_rng_state().numpy().tobytes()
+                                             ).hexdigest(),
+                    next_eval=run.next_eval, global_base=run.restored["global_base"],
+                    evals=run.restored["evals"], digest=run.start_digest)
+    ranks = world.gather(mine, root=0)
+    if world.Get_rank() == 0:
+        (out / "job.json").write_text(json.dumps({"ranks": ranks, "nodes": topo.n_nodes}))
+    wait_all(world)
+    if run.run_dir_lock is not None:
+        run.run_dir_lock.release()
     topo.free()
 
 

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from pal_hpc.config import ConfigError
 from pal_hpc.config_io import config_to_dict
 from pal_hpc.io import checkpoint as ckpt
+from pal_hpc.runtime import resume_layout as RL
 from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.checkpointing import Checkpointing
 
@@ -91,32 +92,89 @@ class MasterCheckpointing(Checkpointing):
                 raise ConfigError(f"{name}: the checkpoint was trained with {then!r}, this "
                                   f"run asks for {mine.get(name)!r}; resuming would change "
                                   f"shapes")
-        layout = json.loads(attrs["layout"])
-        if layout != self.topo.node_sizes or json.loads(attrs["num_envs"]) != self.node_envs:
-            raise ConfigError(f"ranks_per_node: an on-policy run resumes on the layout it "
-                              f"was checkpointed on (off-policy runs on any): the checkpoint "
-                              f"was written by nodes of {layout} ranks with "
-                              f"{json.loads(attrs['num_envs'])} environments; this run has "
-                              f"{self.topo.node_sizes} with {self.node_envs}")
 
     def _restore(self, path: str) -> None:
-        """A master: parameters, optimizer, counters and RNG states from `path`."""
+        """A master: parameters, optimizer, counters and RNG states from `path`.
+
+        On the layout the checkpoint was written on (the same node sizes and
+        environments per node) every master continues its own counters and RNG
+        streams, bit for bit.  On another one (another node count, ranks per node or
+        --num-envs) no old master is a new one, so the job-wide counters are kept
+        and re-dealt (`carried_master_counters`), the evaluation schedule is rank 0's,
+        and this master's sampling and torch streams are derived from (seed,
+        checkpoint update, world rank) as the off-policy runs derive theirs
+        (`pal_hpc.runtime.resume_layout`)."""
+        rank = self.world.Get_rank()
         with h5py.File(path, "r") as f:
             self.algo.load_state_dict(ckpt.load_tree(f["algo"]))
-            g = f[f"ranks/rank_{self.world.Get_rank()}"]
-            saved = json.loads(g.attrs["stats"])[:S.SIZE]
-            self.stats.mine[:len(saved)] = saved
+            layout = json.loads(f.attrs["layout"])
+            saved_envs = json.loads(f.attrs["num_envs"])
+            same = layout == self.topo.node_sizes and saved_envs == self.node_envs
+            ranks = f["ranks"]
+            g = ranks[f"rank_{rank}" if same else "rank_0"]
+            self.next_eval = float(g.attrs["next_eval"])
+            if same:
+                saved = json.loads(g.attrs["stats"])[:S.SIZE]
+                self.stats.mine[:len(saved)] = saved
+                torch.set_rng_state(torch.from_numpy(np.array(g["torch_rng"][()])))
+                self.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
+                self.node_steps = int(g.attrs["node_steps"])
+            else:
+                rows = [_counters(json.loads(ranks[name].attrs["stats"])) for name in ranks]
+                master = self.masters.Get_rank()
+                self.stats.mine[:] = carried_master_counters(rows, self.masters.Get_size(),
+                                                             master)
+                self.node_steps = int(self.stats.mine[S.ENV_STEPS])
+                update = self.algo.updates
+                self.rng = RL.derived_rng(self.cfg.seed, update, rank, RL.ACTOR_RNG)
+                torch.manual_seed(RL.derived_torch_seed(self.cfg.seed, update, rank))
             for slot in (S.PREEMPT, S.STOP, S.CHECKPOINTS):
                 self.stats.mine[slot] = 0.0
-            torch.set_rng_state(torch.from_numpy(np.array(g["torch_rng"][()])))
-            self.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
-            self.node_steps = int(g.attrs["node_steps"])
-            self.next_eval = float(g.attrs["next_eval"])
             self.restored = {"wall_s": float(f.attrs["wall_s"]),
                              "evals": json.loads(f.attrs["evals"]),
-                             "global_base": int(f.attrs["global_steps"])}
+                             "global_base": int(f.attrs["global_steps"]),
+                             "layout": layout, "num_envs": saved_envs, "same": same}
         # Until the first stats round, the totals are the checkpoint's.
         self.masters.Allreduce(self.stats.mine, self.stats.total, op=MPI.SUM)
-        if self.world.Get_rank() == 0:
+        if rank == 0:
+            change = ("" if same else
+                      f"; {describe_masters(layout, saved_envs)} -> "
+                      f"{describe_masters(self.topo.node_sizes, self.node_envs)}, "
+                      f"counters re-dealt, RNG streams derived from (seed, update, rank)")
             print(f"pal_hpc: resumed from {path} (update {self.algo.updates}, "
-                  f"{self.restored['global_base']:,} env steps)", flush=True)
+                  f"{self.restored['global_base']:,} env steps{change})", flush=True)
+
+
+def _counters(saved: list) -> np.ndarray:
+    """A saved counter vector at this version's length (older files have fewer slots)."""
+    out = np.zeros(S.SIZE)
+    out[:min(len(saved), S.SIZE)] = saved[:S.SIZE]
+    return out
+
+
+def carried_master_counters(saved: list, masters: int, master: int) -> np.ndarray:
+    """Master `master`'s (of `masters`) counters on another layout, from every old
+    master's saved ones: the env steps dealt out over the new masters (their sum is
+    the checkpoint's), every other carried counter (episodes, the updates, the
+    per-round sums not yet sent) with master 0, the job's rank 0; the old run's
+    requests (stop, preemption, checkpoints) and the replay's slots are not carried."""
+    total = np.sum(saved, axis=0) if len(saved) else np.zeros(S.SIZE)
+    out = np.zeros(S.SIZE)
+    for slot in range(S.SIZE):
+        if slot in RL.NOT_CARRIED:
+            continue
+        if slot == S.ENV_STEPS:
+            out[slot] = RL.dealt(int(round(total[slot])), masters, master)
+        elif master == 0:
+            out[slot] = total[slot]
+    return out
+
+
+def describe_masters(node_sizes: list, node_envs: list) -> str:
+    """"2 nodes x 3 ranks (2 masters, 16 + 16 envs)", "1 node x 2 ranks (1 master, 32 envs)"."""
+    nodes = len(node_sizes)
+    shape = (f"{nodes} node{'s' if nodes != 1 else ''} x {node_sizes[0]} "
+             f"rank{'s' if node_sizes[0] != 1 else ''}" if len(set(node_sizes)) == 1
+             else f"{nodes} nodes of {'+'.join(map(str, node_sizes))} ranks")
+    return (f"{shape} ({nodes} master{'s' if nodes != 1 else ''}, "
+            f"{' + '.join(map(str, node_envs))} envs)")
