@@ -324,11 +324,12 @@ def _is_atari(env_id: str) -> bool:
 # Types: plain JSON/TOML values <-> field values, checked strictly (no silent coercion).
 
 def algorithms() -> dict[str, Any]:
-    """The algorithm registry, name -> Algorithm class (imported when first needed: the
-    registry imports torch, which `--help` and config validation should not wait for)."""
-    from pal_hpc.algos import ALGOS
+    """The algorithms' specs by name (`pal_hpc.algos.registry`: their config classes and
+    defaults, without torch, which `--help` and config validation need not wait for;
+    imported when first needed)."""
+    from pal_hpc.algos.registry import SPECS
 
-    return ALGOS
+    return SPECS
 
 
 @functools.cache

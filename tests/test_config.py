@@ -3,13 +3,17 @@
 import dataclasses
 import json
 import re
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
 
+from conftest import ROOT
 from pal_hpc.algos import ALGOS
 from pal_hpc.algos.base import AlgoConfig
 from pal_hpc.algos.dqn import DQNConfig
+from pal_hpc.algos.registry import SPECS
 from pal_hpc.config import Config, ConfigError, option
 from pal_hpc.config_io import build_parser, config_from_dict, config_to_dict, load_config
 
@@ -332,7 +336,7 @@ class Other:
 
 @pytest.fixture
 def other(monkeypatch):
-    monkeypatch.setitem(ALGOS, "other", Other)
+    monkeypatch.setitem(SPECS, "other", Other)
 
 
 def test_an_option_of_a_made_up_algorithm_is_refused_naming_it(other):
@@ -382,3 +386,39 @@ def test_resolved_run_dir():
     now = datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
     assert Config().resolved_run_dir(now) == "runs/dqn-CartPole-v1-20240506-070809"
     assert Config(env="ALE/Pong-v5").resolved_run_dir(now) == "runs/dqn-ALE-Pong-v5-20240506-070809"
+
+
+def test_reading_and_refusing_a_config_never_imports_torch():
+    """`--help`, every algorithm's config and a refused value need only the specs
+    (`pal_hpc.algos.registry`): torch costs each rank ~1.7 s of CPU to import, which a
+    job that is refused at start-up should not wait for."""
+    code = """if True:
+        import sys
+        from pal_hpc.config import ConfigError
+        from pal_hpc.config_io import build_parser, load_config
+        assert "--ppo-preset" in build_parser().format_help()
+        for algo in ("dqn", "ddpg", "td3", "sac", "paac", "ppo"):
+            load_config(["--algo", algo, "--env", "Pendulum-v1" if algo in ("ddpg", "td3", "sac")
+                         else "CartPole-v1"])
+        try:
+            load_config(["--gamma", "1.5"])
+        except ConfigError as exc:
+            assert str(exc).startswith("gamma:"), exc
+        from pal_hpc.algos.paac import NUM_ENVS, resolve_num_envs
+        print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_every_algorithm_class_is_derived_from_its_spec():
+    """The classes the runtime builds and the specs the configs read agree: one
+    source for each name, Config and default."""
+    assert set(ALGOS) == set(SPECS)
+    for name, Algo in ALGOS.items():
+        spec = SPECS[name]
+        assert issubclass(Algo, spec) and Algo.name == spec.name == name
+        assert Algo.Config is spec.Config and Algo.run_defaults == spec.run_defaults
+        assert getattr(Algo, "on_policy", False) == spec.on_policy

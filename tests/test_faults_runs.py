@@ -54,11 +54,42 @@ def flip_a_byte(path):
     path.write_bytes(bytes(raw))
 
 
-def test_a_fresh_run_into_a_used_run_dir_is_refused(tmp_path):
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The runs several tests start from, each made once: "base" (`-n 2`, 1500 steps, to
+    its final checkpoint) and "resumed" (base resumed to 3000 steps with --resume
+    latest).  `made(kind, run_dir)` copies one to `run_dir` as if it had run there (the
+    paths summary.json names are rewritten; no other file the runtime reads holds
+    one), so each test faults a run of its own."""
+    root = tmp_path_factory.mktemp("made")
+    base, resumed = root / "base", root / "resumed"
+    proc = run(pal_cmd(2, base, "--total-steps", "1500"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shutil.copytree(base, resumed)
+    _rewrite_summary(resumed, base)
+    proc = run(pal_cmd(2, resumed, "--total-steps", "3000", "--resume", "latest"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary(resumed)["resumed_from"] == summary(base)["checkpoint"].replace(
+        str(base), str(resumed))
+
+    def copy(kind, run_dir):
+        src = {"base": base, "resumed": resumed}[kind]
+        shutil.copytree(src, run_dir)
+        _rewrite_summary(run_dir, src)
+        return summary(run_dir)
+    return copy
+
+
+def _rewrite_summary(run_dir, src):
+    path = run_dir / "summary.json"
+    path.write_text(path.read_text().replace(str(src), str(run_dir)))
+
+
+def test_a_fresh_run_into_a_used_run_dir_is_refused(tmp_path, made):
     """Fault 3: it used to truncate the old log, prune the old run's checkpoints and
     later resume the old run."""
     run_dir = tmp_path / "run"
-    assert run(pal_cmd(2, run_dir, "--total-steps", "1500")).returncode == 0
+    made("base", run_dir)
     before = {p.name: p.read_bytes() for p in [run_dir / "metrics.h5",
                                                *ckpt.list_checkpoints(run_dir)]}
     t0 = time.monotonic()
@@ -97,15 +128,12 @@ def test_a_second_job_on_a_run_dir_in_use_is_refused(tmp_path):
         a.wait()
 
 
-def test_damaged_checkpoints_are_set_aside_never_kept_over_good_ones(tmp_path):
+def test_damaged_checkpoints_are_set_aside_never_kept_over_good_ones(tmp_path, made):
     """Fault 2: pruning by step number deleted the good checkpoints and kept a corrupt
     newest one, or a junk step_999999.h5, and the summary named a deleted file."""
     run_dir = tmp_path / "run"
-    assert run(pal_cmd(2, run_dir, "--total-steps", "1500")).returncode == 0
-    good = summary(run_dir)["checkpoint"]
-    proc = run(pal_cmd(2, run_dir, "--total-steps", "3000", "--resume", "latest"))
-    assert proc.returncode == 0, proc.stderr
-    corrupt = summary(run_dir)["checkpoint"]
+    resumed = made("resumed", run_dir)               # 1500 steps, resumed to 3000
+    good, corrupt = resumed["resumed_from"], resumed["checkpoint"]
     flip_a_byte(ckpt.Path(corrupt))
 
     proc = run(pal_cmd(2, run_dir, "--total-steps", "4500", "--resume", "latest",
@@ -134,13 +162,11 @@ def test_damaged_checkpoints_are_set_aside_never_kept_over_good_ones(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
-def test_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
+def test_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, made):
     run_dir = tmp_path / "run"
-    assert run(pal_cmd(2, run_dir, "--total-steps", "1500")).returncode == 0
-    old = summary(run_dir)["checkpoint"]
-    assert run(pal_cmd(2, run_dir, "--total-steps", "3000", "--resume", "latest")
-               ).returncode == 0
-    abandoned = summary(run_dir)["checkpoint"]
+    resumed = made("resumed", run_dir)               # 1500 steps, resumed to 3000
+    old, abandoned = resumed["resumed_from"], resumed["checkpoint"]
+    assert os.path.exists(old) and os.path.exists(abandoned)
     proc = run(pal_cmd(2, run_dir, "--total-steps", "2000", "--resume", old))
     assert proc.returncode == 0, proc.stderr
     assert not os.path.exists(abandoned)
@@ -148,11 +174,11 @@ def test_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     assert ckpt.latest_valid(run_dir) == ckpt.Path(summary(run_dir)["checkpoint"])
 
 
-def test_resume_after_the_metrics_log_was_truncated(tmp_path):
+def test_resume_after_the_metrics_log_was_truncated(tmp_path, made):
     """Fault 1: a damaged metrics.h5 blocked every resume ("file is already open for
     write"); now the log goes on in a new segment and the old one stays as it was."""
     run_dir = tmp_path / "run"
-    assert run(pal_cmd(2, run_dir, "--total-steps", "1500")).returncode == 0
+    made("base", run_dir)
     log = run_dir / "metrics.h5"
     with open(log, "r+b") as fh:
         fh.truncate(50_000)
@@ -165,11 +191,10 @@ def test_resume_after_the_metrics_log_was_truncated(tmp_path):
     assert summary(run_dir)["env_steps"] >= 3000
 
 
-def test_resume_pointed_at_a_replay_file_says_which_file_to_pass(tmp_path):
+def test_resume_pointed_at_a_replay_file_says_which_file_to_pass(tmp_path, made):
     """Fault 12: four KeyError: 'config' tracebacks."""
     run_dir = tmp_path / "run"
-    assert run(pal_cmd(2, run_dir, "--total-steps", "1500")).returncode == 0
-    main = ckpt.Path(summary(run_dir)["checkpoint"])
+    main = ckpt.Path(made("base", run_dir)["checkpoint"])
     replay = next(main.parent.glob(main.stem + "_replay0*.h5"))
     proc = run(pal_cmd(2, run_dir, "--resume", str(replay)), timeout=60)
     rejected(proc, "replay buffer, not a checkpoint", f"pass {main}")

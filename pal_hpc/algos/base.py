@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -37,27 +36,11 @@ import numpy as np
 import torch
 
 from pal_hpc.algos.nets import FlatParams
+from pal_hpc.algos.spec import AlgoConfig
 from pal_hpc.options import ConfigError
 
 
 @dataclasses.dataclass
-class AlgoConfig:
-    """Base of an algorithm's hyper-parameters.  Each field needs `help` metadata
-    (use `pal_hpc.options.option`); `validate` raises ConfigError naming the field."""
-
-    def validate(self) -> None:
-        """Every float field must be finite; subclasses add their own checks."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{f.name}: must be finite, got {value!r}")
-
-    def require(self, name: str, ok: bool, what: str) -> None:
-        """Raise `ConfigError("<name>: <what>, got <value>")` unless `ok`."""
-        if not ok:
-            raise ConfigError(f"{name}: {what}, got {getattr(self, name)!r}")
-
-
 class Policy(ABC):
     """What an actor runs: `act` on a batch of observations, with exploration.
 

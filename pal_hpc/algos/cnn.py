@@ -12,12 +12,14 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from pal_hpc.algos.spec import CNN_NAMES
 from pal_hpc.options import ConfigError
 
 # (out_channels, kernel, stride) of each conv layer, and the width of the dense layer.
 NATURE = ((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512    # Mnih et al. 2015
 NIPS = ((16, 8, 4), (32, 4, 2)), 256                  # Mnih et al. 2013; PAAC (Clemente 2017)
 KINDS = {"nature": NATURE, "nips": NIPS}
+assert tuple(KINDS) == CNN_NAMES                   # the names configs accept (spec.py)
 
 
 def conv_out(size: int, layers: Sequence[tuple[int, int, int]]) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import gymnasium as gym
@@ -32,52 +31,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
-from pal_hpc.algos.nets import (MLP, PRECISIONS, FlatParams, autocast, obs_dim,
-                                precision_option, seeded)
+from pal_hpc.algos.base import Algorithm, NetworkPolicy
+from pal_hpc.algos.configs import DDPGConfig, DDPGSpec
+from pal_hpc.algos.nets import MLP, FlatParams, autocast, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
-from pal_hpc.options import option as _f
 
 # The arrays a loss batch carries.
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 PHASES = ("critic", "actor")
-
-# The run-wide defaults of the rl-baselines3-zoo Pendulum recipe (1 gradient step of
-# 256 per env step after 10k random steps), which the runtime applies where the user
-# gave none.
-ZOO_PENDULUM_RUN_DEFAULTS = {"gamma": 0.98, "batch_size": 256, "learning_starts": 10_000,
-                             "replay_ratio": 256.0, "n_step": 1, "replay_capacity": 200_000}
-
-
-@dataclass
-class DDPGConfig(AlgoConfig):
-    """DDPG's hyper-parameters (defaults: rl-baselines3-zoo's Pendulum recipe)."""
-
-    actor_lr: float = _f(1e-3, "Adam learning rate of the actor")
-    critic_lr: float = _f(1e-3, "Adam learning rate of the critic(s)")
-    tau: float = _f(0.005, "Polyak rate of the target networks (1 = hard copy)")
-    hidden: list[int] = _f([400, 300], "hidden layer widths of actor and critic(s)")
-    grad_clip: float = _f(0.0, "gradient global-norm clip per phase (0 = no clipping)")
-    action_noise: float = _f(0.1, "std of the Gaussian exploration noise (of actor 0 "
-                                  "when noise_spread > 0), in [-1, 1] action units")
-    noise_spread: float = _f(1.0, "actor i of N explores with std action_noise * (1 + "
-                                  "noise_spread * i / (N-1)) (0 = all actors equal)")
-    random_steps: int = _f(10_000, "global env steps of uniform random actions before "
-                                   "the actors use the policy")
-    precision: str = precision_option()
-
-    def validate(self) -> None:
-        super().validate()
-        req = self.require
-        for name in ("actor_lr", "critic_lr"):
-            req(name, getattr(self, name) > 0, "must be > 0")
-        req("tau", 0 < self.tau <= 1, "must be in (0, 1]")
-        req("hidden", len(self.hidden) >= 1 and all(int(h) == h and h >= 1 for h in self.hidden),
-            "must be a non-empty list of positive widths")
-        for name in ("grad_clip", "action_noise", "noise_spread", "random_steps"):
-            req(name, getattr(self, name) >= 0, "must be >= 0")
-        req("precision", self.precision in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
-
 
 def actor_sigma(cfg: DDPGConfig, actor_index: int, n_actors: int) -> float:
     """Exploration std of actor i of N: action_noise * (1 + noise_spread * i / (N-1)).
@@ -135,16 +96,13 @@ class DDPGPolicy(NetworkPolicy):
         return np.clip(noisy, -1.0, 1.0).astype(np.float32)
 
 
-class DDPG(Algorithm):
+class DDPG(DDPGSpec, Algorithm):
     """Actor, critic(s), their targets and one Adam per phase, on flat buffers.
 
     The batch's `reward` is already the n-step discounted return and its `discount`
     is gamma**k for the bootstrap (0 after a terminal): the actors built them."""
 
-    name = "ddpg"
-    Config = DDPGConfig
     metric_names = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
-    run_defaults: ClassVar[dict] = ZOO_PENDULUM_RUN_DEFAULTS
     n_critics: ClassVar[int] = 1
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space,

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -27,63 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pal_hpc.algos.cnn import KINDS as CNN_KINDS
-from pal_hpc.algos.base import AlgoConfig, NetworkPolicy, OnePhaseAlgorithm
-from pal_hpc.algos.nets import (PRECISIONS, FlatParams, MLPTorso, autocast, is_image,
-                                output_linear, precision_option, seeded, torso)
+from pal_hpc.algos.base import NetworkPolicy, OnePhaseAlgorithm
+from pal_hpc.algos.configs import DQNConfig, DQNSpec
+from pal_hpc.algos.nets import (FlatParams, MLPTorso, autocast, is_image, output_linear, seeded,
+                                torso)
 from pal_hpc.algos.optim import FlatAdam
-from pal_hpc.options import option as _f
 
 # The arrays a loss batch carries (see DQN.loss).
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
-LOSSES = ("huber", "mse")
-
-
-@dataclass
-class DQNConfig(AlgoConfig):
-    """DQN's hyper-parameters (the defaults reach CartPole's 475 in ~15k steps)."""
-
-    lr: float = _f(2.3e-3, "Adam learning rate (Atari ids: 6.25e-5, Dopamine's Rainbow)")
-    adam_eps: float = _f(1e-8, "Adam epsilon (Atari ids: 1.5e-4, Dopamine's Rainbow)")
-    target_update: int = _f(50, "learner steps between target-network syncs (Atari ids: "
-                                "2000 = 8000 env steps at one update per 4)")
-    hidden: list[int] = _f([256, 256], "hidden layer widths of the network(s)")
-    dueling: bool = _f(False, "dueling Q-network head (Atari ids: on)")
-    cnn: str = _f("nature", "torso for image observations (uint8 frames, e.g. Atari) in "
-                            "place of the hidden MLP: nature (Mnih et al. 2015) or nips "
-                            "(Mnih et al. 2013, PAAC's)", choices=tuple(CNN_KINDS))
-    double_q: bool = _f(True, "double-Q targets")
-    loss: str = _f("huber", "TD loss: huber (smooth L1) or mse (the squared TD error)",
-                   choices=LOSSES)
-    grad_clip: float = _f(10.0, "gradient global-norm clip (0 = no clipping)")
-    eps_start: float = _f(1.0, "initial epsilon of epsilon-greedy")
-    eps_final: float = _f(0.04, "final epsilon (of actor 0 when eps_spread > 0; Atari ids: "
-                                "0.01)")
-    exploration_steps: int = _f(8_000, "global env steps of linear epsilon decay (Atari ids: "
-                                       "250,000)")
-    eps_spread: float = _f(3.0, "actor i of N ends at eps_final ** (1 + eps_spread * i / "
-                                "(N-1)), Ape-X style (0 = all actors equal; Atari ids: 0)")
-    precision: str = precision_option()
-
-    def validate(self) -> None:
-        super().validate()
-        req = self.require
-        req("lr", self.lr > 0, "must be > 0")
-        req("adam_eps", self.adam_eps > 0, "must be > 0")
-        req("target_update", self.target_update >= 1, "must be >= 1")
-        req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
-            "must be a non-empty list of positive widths")
-        req("cnn", self.cnn in CNN_KINDS,
-            f"must be one of {', '.join(CNN_KINDS)}")
-        req("grad_clip", self.grad_clip >= 0, "must be >= 0")
-        req("loss", self.loss in LOSSES, f"must be one of {', '.join(LOSSES)}")
-        for name in ("eps_start", "eps_final"):
-            req(name, 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
-        req("eps_final", self.eps_final <= self.eps_start,
-            f"must be <= eps_start ({self.eps_start})")
-        req("exploration_steps", self.exploration_steps >= 0, "must be >= 0")
-        req("eps_spread", self.eps_spread >= 0, "must be >= 0")
-        req("precision", self.precision in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
 
 
 def actor_epsilon(cfg: DQNConfig, actor_index: int, n_actors: int, global_steps: float) -> float:
@@ -170,33 +119,14 @@ class DQNPolicy(NetworkPolicy):
                               self.n_actions, rng)
 
 
-class DQN(OnePhaseAlgorithm):
+class DQN(DQNSpec, OnePhaseAlgorithm):
     """Online and target Q-networks with an Adam optimizer, on one flat buffer.
 
     The batch's `reward` is already the n-step discounted return and its `discount`
     is gamma**k for the bootstrap (0 after a terminal): the actors built them."""
 
-    name = "dqn"
     phase = "q"
-    Config = DQNConfig
     metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
-    # Defaults for Atari ids (docs/training.md, "DQN on Atari"): Dopamine's Rainbow settings for
-    # what DQN shares with it (n-step 3, PER with alpha 0.5, Adam at 6.25e-5 with eps
-    # 1.5e-4, 20k steps before learning, one update of 32 every 4 env steps, target
-    # every 8000 env steps, epsilon to 0.01 over 250k steps, 1M transitions), with
-    # double-Q, a dueling head and the Nature CNN, rewards clipped for learning.
-    atari_run_defaults: ClassVar[dict] = {
-        "replay_capacity": 0, "n_step": 3, "batch_size": 32, "learning_starts": 20_000,
-        "replay_ratio": 8.0, "per_alpha": 0.5, "reward_clip": True,
-        # Ten greedy Pong games take ~80 s on the evaluating actor: evaluate rarely.
-        "eval_every": 100_000,
-        # 4M frames, the standard short Atari budget (the 100k default is random play).
-        "total_steps": 1_000_000}
-    atari_defaults: ClassVar[dict] = {
-        "lr": 6.25e-5, "adam_eps": 1.5e-4, "target_update": 2_000, "dueling": True,
-        "double_q": True, "cnn": "nature", "eps_final": 0.01, "exploration_steps": 250_000,
-        "eps_spread": 0.0}
-
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: DQNConfig | None = None,
                  *, device: str | torch.device = "cpu", seed: int = 0):
         config = config or DQNConfig()

@@ -15,18 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pal_hpc.algos.cnn import CNNTorso
-from pal_hpc.options import option
-
-PRECISIONS = ("fp32", "bf16")
-
-
-def precision_option() -> str:
-    """The `precision` field of the off-policy algorithms' configs (DQN, DDPG, TD3, SAC)."""
-    return option("fp32", "arithmetic of the learner's forward and backward passes: fp32, "
-                          "or bf16 (torch.autocast to bfloat16: matrix products and "
-                          "convolutions in bf16; the parameters, gradients, optimizer and "
-                          "Allreduce stay fp32)", choices=PRECISIONS)
-
+from pal_hpc.algos.spec import ACTIVATION_NAMES
 
 def autocast(device: torch.device, precision: str):
     """The context a learner's losses run in: bf16 autocast, or nothing for fp32.
@@ -98,6 +87,7 @@ class MLP(nn.Module):
 
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
+assert tuple(ACTIVATIONS) == ACTIVATION_NAMES      # the names configs accept (spec.py)
 
 
 class MLPTorso(nn.Sequential):

@@ -16,8 +16,6 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -25,45 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pal_hpc.algos.base import AlgoConfig, Algorithm, NetworkPolicy
-from pal_hpc.algos.nets import (MLP, PRECISIONS, FlatParams, autocast, obs_dim,
-                                precision_option, seeded)
+from pal_hpc.algos.base import Algorithm, NetworkPolicy
+from pal_hpc.algos.configs import SACConfig, SACSpec
+from pal_hpc.algos.nets import MLP, FlatParams, autocast, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
-from pal_hpc.options import option as _f
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
 PHASES = ("critic", "actor")
-
-
-@dataclass
-class SACConfig(AlgoConfig):
-    """SAC's hyper-parameters (defaults: Stable-Baselines3's SAC)."""
-
-    lr: float = _f(3e-4, "Adam learning rate of the critics, the actor and the temperature")
-    tau: float = _f(0.005, "Polyak rate of the target critics, after every critic update")
-    hidden: list[int] = _f([256, 256], "hidden layer widths of the actor and each critic")
-    init_alpha: float = _f(1.0, "initial entropy temperature alpha")
-    target_entropy: float | None = _f(None, "entropy the temperature steers to "
-                                            "(none = -action dimensions)")
-    random_steps: int = _f(100, "global env steps of uniform random actions before the "
-                                "policy acts")
-    grad_clip: float = _f(0.0, "global-norm clip of the critic and the actor gradients, "
-                               "each apart (0 = no clipping)")
-    precision: str = precision_option()
-
-    def validate(self) -> None:
-        super().validate()
-        req = self.require
-        req("lr", self.lr > 0, "must be > 0")
-        req("tau", 0 < self.tau <= 1, "must be in (0, 1]")
-        req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
-            "must be a non-empty list of positive widths")
-        req("init_alpha", self.init_alpha > 0, "must be > 0")
-        req("random_steps", self.random_steps >= 0, "must be >= 0")
-        req("grad_clip", self.grad_clip >= 0, "must be >= 0")
-        req("precision", self.precision in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
 
 
 # ---- the squashed Gaussian ------------------------------------------------------------------
@@ -145,19 +113,12 @@ class SACPolicy(NetworkPolicy):
 
 # ---- learning -------------------------------------------------------------------------------
 
-class SAC(Algorithm):
+class SAC(SACSpec, Algorithm):
     """Actor, twin critics with Polyak targets, and a learnt temperature; one FlatAdam
     per phase.  The batch's `reward` is the n-step return and its `discount` gamma**k
     (0 after a terminal): the actors built them."""
 
-    name = "sac"
-    Config = SACConfig
     metric_names = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean", "td_abs_mean")
-    # Run-wide defaults SAC wants when the user gives none (SB3's SAC; the runtime applies them).
-    run_defaults: ClassVar[dict] = {"gamma": 0.99, "batch_size": 256, "learning_starts": 100,
-                                    "replay_ratio": 256.0, "n_step": 1,
-                                    "replay_capacity": 1_000_000}
-
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: SACConfig | None = None,
                  *, device: str | torch.device = "cpu", seed: int = 0):
         config = config or SACConfig()

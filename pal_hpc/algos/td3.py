@@ -12,28 +12,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from pal_hpc.algos.ddpg import DDPG, DDPGConfig
-from pal_hpc.options import option as _f
-
-
-@dataclass
-class TD3Config(DDPGConfig):
-    """TD3's hyper-parameters: DDPG's plus the delay and the target smoothing."""
-
-    policy_delay: int = _f(2, "critic updates per actor (and target) update")
-    target_noise: float = _f(0.2, "std of the target policy smoothing noise")
-    noise_clip: float = _f(0.5, "target smoothing noise is clipped to +-noise_clip")
-
-    def validate(self) -> None:
-        super().validate()
-        self.require("policy_delay", self.policy_delay >= 1, "must be >= 1")
-        for name in ("target_noise", "noise_clip"):
-            self.require(name, getattr(self, name) >= 0, "must be >= 0")
+from pal_hpc.algos.configs import TD3Config, TD3Spec
+from pal_hpc.algos.ddpg import DDPG
 
 
 def smooth_target_action(mean: torch.Tensor, noise_std: float, noise_clip: float,
@@ -48,11 +31,9 @@ def smooth_target_action(mean: torch.Tensor, noise_std: float, noise_clip: float
     return (mean + noise).clamp_(-1.0, 1.0)
 
 
-class TD3(DDPG):
+class TD3(TD3Spec, DDPG):
     """DDPG with twin critics, target policy smoothing and a delayed actor."""
 
-    name = "td3"
-    Config = TD3Config
     n_critics = 2
 
     def __init__(self, obs_space, act_space, config: TD3Config | None = None, *,

@@ -13,13 +13,33 @@ The modules, each importing only those above it in this list:
   learning-rate schedule, gradients, checkpoints.
 """
 
-from pal_hpc.algos.paac.algorithm import PAAC
-from pal_hpc.algos.paac.config import (CLIP_CHOICES, INITS, NUM_ENVS, PRECISIONS, PRESETS,
-                                       RMS_STYLES, PAACConfig, resolve_num_envs)
-from pal_hpc.algos.paac.loss import BATCH_KEYS, actor_critic_loss, check_batch, nstep_returns
-from pal_hpc.algos.paac.network import ActorCritic, PAACPolicy, sample_actions
+import importlib
 
-__all__ = ["BATCH_KEYS", "CLIP_CHOICES", "INITS", "NUM_ENVS", "PAAC", "PAACConfig",
-           "PAACPolicy", "PRECISIONS", "PRESETS", "RMS_STYLES", "ActorCritic",
-           "actor_critic_loss", "check_batch", "nstep_returns", "resolve_num_envs",
-           "sample_actions"]
+# Each name -> its module, imported on first use (`config` alone needs no torch).
+_WHERE = {"PAAC": "algorithm",
+          "CLIP_CHOICES": "config",
+          "INITS": "config",
+          "NUM_ENVS": "config",
+          "PRECISIONS": "config",
+          "PRESETS": "config",
+          "RMS_STYLES": "config",
+          "PAACConfig": "config",
+          "PAACSpec": "config",
+          "resolve_num_envs": "config",
+          "BATCH_KEYS": "loss",
+          "actor_critic_loss": "loss",
+          "check_batch": "loss",
+          "nstep_returns": "loss",
+          "ActorCritic": "network",
+          "PAACPolicy": "network",
+          "sample_actions": "network"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,29 +21,21 @@ import torch
 from pal_hpc.algos.onpolicy import OnPolicyAlgorithm
 from pal_hpc.algos.nets import FlatParams, is_image, seeded
 from pal_hpc.algos.optim import FlatRMSProp
-from pal_hpc.algos.paac.config import PRESETS, PAACConfig
+from pal_hpc.algos.paac.config import PAACConfig, PAACSpec
 from pal_hpc.algos.paac.loss import actor_critic_loss, check_batch
 from pal_hpc.algos.paac.network import ActorCritic, NumpyLogits, PAACPolicy, sample_actions
 from pal_hpc.options import ConfigError
 
 
-class PAAC(OnPolicyAlgorithm):
+class PAAC(PAACSpec, OnPolicyAlgorithm):
     """The actor-critic network, its RMSProp over one flat buffer, the loss.
 
     `on_policy` tells the runtime to run it on lockstep environments (one master per
     node) instead of actors, replay and learners."""
 
-    name = "paac"
     phase = "ac"
-    Config = PAACConfig
     metric_names = ("loss", "policy_loss", "value_loss", "entropy", "value_mean",
                     "advantage_abs_mean", "grad_norm", "lr")
-    # Evaluations are run by the master and hold up every node: less often than DQN's.
-    run_defaults = {"eval_every": 10_000}
-    # Named sets of option values (config_from_dict applies the chosen one under the
-    # flags a user gave): the field that chooses, and the sets.
-    preset_field = "paac_preset"
-    presets = PRESETS
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space,
                  config: PAACConfig | None = None, *, device: str | torch.device = "cpu",

@@ -10,9 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pal_hpc.algos.base import AlgoConfig
-from pal_hpc.algos.cnn import KINDS as CNN_KINDS
-from pal_hpc.algos.nets import ACTIVATIONS
+from pal_hpc.algos.spec import ACTIVATION_NAMES, CNN_NAMES, AlgoConfig, AlgoSpec
 from pal_hpc.options import ConfigError
 from pal_hpc.options import option as _f
 
@@ -83,11 +81,11 @@ class PAACConfig(AlgoConfig):
                                    "are reported unclipped): auto = on image (Atari) "
                                    "observations only", choices=CLIP_CHOICES)
     cnn: str = _f("nips", "torso for image observations: nips (Mnih et al. 2013, the "
-                          "paper's) or nature (Mnih et al. 2015)", choices=tuple(CNN_KINDS))
+                          "paper's) or nature (Mnih et al. 2015)", choices=CNN_NAMES)
     hidden: list[int] = _f([64, 64], "hidden layer widths of the MLP torso on vector "
                                      "observations")
     activation: str = _f("relu", "activation of the MLP torso on vector observations: relu, "
-                                 "or tanh (SB3's MlpPolicy)", choices=tuple(ACTIVATIONS))
+                                 "or tanh (SB3's MlpPolicy)", choices=ACTIVATION_NAMES)
     shared_torso: bool = _f(True, "one torso feeds both heads (the paper's); off: the policy "
                                   "and the value each get their own (SB3's MlpPolicy on "
                                   "vector observations; on frames it doubles the CNN work)")
@@ -131,8 +129,8 @@ class PAACConfig(AlgoConfig):
         req("rms_style", self.rms_style in RMS_STYLES, f"must be one of {', '.join(RMS_STYLES)}")
         req("loss_scale", self.loss_scale > 0 and math.isfinite(self.loss_scale),
             "must be a finite number > 0")
-        req("activation", self.activation in ACTIVATIONS,
-            f"must be one of {', '.join(ACTIVATIONS)}")
+        req("activation", self.activation in ACTIVATION_NAMES,
+            f"must be one of {', '.join(ACTIVATION_NAMES)}")
         self.init = INIT_ALIASES.get(self.init, self.init)
         req("init", self.init in INITS, f"must be one of {', '.join(INITS)}")
         req("async_update", self.overlap or not self.async_update,
@@ -144,7 +142,7 @@ class PAACConfig(AlgoConfig):
         req("value_coef", self.value_coef > 0, "must be > 0")
         req("clip_rewards", self.clip_rewards in CLIP_CHOICES,
             f"must be one of {', '.join(CLIP_CHOICES)}")
-        req("cnn", self.cnn in CNN_KINDS, f"must be one of {', '.join(CNN_KINDS)}")
+        req("cnn", self.cnn in CNN_NAMES, f"must be one of {', '.join(CNN_NAMES)}")
         req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
             "must be a non-empty list of positive widths")
 
@@ -163,3 +161,17 @@ def resolve_num_envs(num_envs: int, workers: int) -> int:
                           f"multiple of {workers}, e.g. {max(lo, workers)} or {lo + workers}, "
                           f"or 0 (auto)")
     return num_envs
+
+
+class PAACSpec(AlgoSpec):
+    """What the configuration layer reads of PAAC (`pal_hpc.algos.spec`)."""
+
+    name = "paac"
+    Config = PAACConfig
+    on_policy = True
+    # Evaluations are run by the master and hold up every node: less often than DQN's.
+    run_defaults = {"eval_every": 10_000}
+    # Named sets of option values (config_from_dict applies the chosen one under the
+    # flags a user gave): the field that chooses, and the sets.
+    preset_field = "paac_preset"
+    presets = PRESETS

@@ -13,11 +13,28 @@ The modules, each importing only those above it in this list:
 - `algorithm`: PPO, the class the registry names.
 """
 
-from pal_hpc.algos.ppo.algorithm import PPO
-from pal_hpc.algos.ppo.config import PPOConfig, env_defaults
-from pal_hpc.algos.ppo.loss import SUMS, explained_variance, gae, ppo_loss
-from pal_hpc.algos.ppo.network import PPONet, PPOPolicy
-from pal_hpc.algos.ppo.normalize import RunningMoments, moments
+import importlib
 
-__all__ = ["PPO", "PPOConfig", "PPONet", "PPOPolicy", "RunningMoments", "SUMS",
-           "env_defaults", "explained_variance", "gae", "moments", "ppo_loss"]
+# Each name -> its module, imported on first use (`config` alone needs no torch).
+_WHERE = {"PPO": "algorithm",
+          "PPOConfig": "config",
+          "PPOSpec": "config",
+          "env_defaults": "config",
+          "SUMS": "loss",
+          "explained_variance": "loss",
+          "gae": "loss",
+          "ppo_loss": "loss",
+          "PPONet": "network",
+          "PPOPolicy": "network",
+          "RunningMoments": "normalize",
+          "moments": "normalize"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

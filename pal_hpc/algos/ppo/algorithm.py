@@ -36,19 +36,13 @@ from pal_hpc.algos.ppo.normalize import RunningMoments, discounted_returns, mome
 from pal_hpc.options import ConfigError
 
 
-class PPO(OnPolicyAlgorithm):
+class PPO(C.PPOSpec, OnPolicyAlgorithm):
     """The actor-critic, its Adam over one flat buffer, the normalizers, the shuffles."""
 
-    name = "ppo"
     phase = "ppo"
-    Config = C.PPOConfig
     metrics_every = 1                    # a learner row every round, as CleanRL logs
     update_sums = len(SUMS)
     metric_names = (*SUMS, "explained_variance", "epochs", "grad_norm", "lr")
-    run_defaults = {"eval_every": 10_000}
-    preset_field = "ppo_preset"
-    presets = {name: {} for name in C.PRESETS}     # values per env: env_defaults
-    env_defaults = staticmethod(C.env_defaults)
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space,
                  config: C.PPOConfig | None = None, *, device="cpu", seed: int = 0,

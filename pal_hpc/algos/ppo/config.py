@@ -19,9 +19,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from pal_hpc.algos.base import AlgoConfig
-from pal_hpc.algos.cnn import KINDS as CNN_KINDS
-from pal_hpc.algos.nets import ACTIVATIONS
+from pal_hpc.algos.spec import ACTIVATION_NAMES, CNN_NAMES, AlgoConfig, AlgoSpec
 from pal_hpc.options import option as _f
 
 PRESETS = ("cleanrl", "zoo")
@@ -147,10 +145,10 @@ class PPOConfig(AlgoConfig):
                                    "(Atari) only", choices=CLIP_CHOICES)
     hidden: list[int] = _f([64, 64], "widths of the MLP torso(s) on vectors")
     activation: str = _f("tanh", "activation of the MLP torso(s)",
-                         choices=tuple(ACTIVATIONS))
+                         choices=ACTIVATION_NAMES)
     shared_torso: bool = _f(False, "one torso for policy and value (the CNN's default: "
                                    "the Atari family sets it); else one each")
-    cnn: str = _f("nature", "CNN torso on frames", choices=tuple(CNN_KINDS))
+    cnn: str = _f("nature", "CNN torso on frames", choices=CNN_NAMES)
     init: str = _f("orthogonal", "orthogonal: gain sqrt(2), biases 0, policy head 0.01, "
                                  "value head 1; torch: torch's own", choices=INITS)
     log_std_init: float = _f(0.0, "continuous actions: the initial log std of the "
@@ -174,7 +172,19 @@ class PPOConfig(AlgoConfig):
             f"must be one of {', '.join(CLIP_CHOICES)}")
         req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
             "must be a non-empty list of positive widths")
-        req("activation", self.activation in ACTIVATIONS,
-            f"must be one of {', '.join(ACTIVATIONS)}")
-        req("cnn", self.cnn in CNN_KINDS, f"must be one of {', '.join(CNN_KINDS)}")
+        req("activation", self.activation in ACTIVATION_NAMES,
+            f"must be one of {', '.join(ACTIVATION_NAMES)}")
+        req("cnn", self.cnn in CNN_NAMES, f"must be one of {', '.join(CNN_NAMES)}")
         req("init", self.init in INITS, f"must be one of {', '.join(INITS)}")
+
+
+class PPOSpec(AlgoSpec):
+    """What the configuration layer reads of PPO (`pal_hpc.algos.spec`)."""
+
+    name = "ppo"
+    Config = PPOConfig
+    on_policy = True
+    run_defaults = {"eval_every": 10_000}
+    preset_field = "ppo_preset"
+    presets = {name: {} for name in PRESETS}     # values per env: env_defaults
+    env_defaults = staticmethod(env_defaults)

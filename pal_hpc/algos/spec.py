@@ -1,0 +1,70 @@
+"""The torch-free half of every algorithm: the base of its hyper-parameters
+(`AlgoConfig`) and of its spec (`AlgoSpec`: what the configuration layer reads off the
+algorithm -- its name, Config, run-wide defaults, presets, whether it runs on-policy).
+
+`--help`, reading and validating a config, and refusing a bad flag need only these;
+the algorithm's class (networks, losses: torch, about 1.7 s of CPU per rank to import)
+is imported once a run is about to start.  Each algorithm's class derives from its
+spec (`class DQN(DQNSpec, OnePhaseAlgorithm)`), so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+from pal_hpc.options import ConfigError, option
+
+PRECISIONS = ("fp32", "bf16")
+# The names the torch side maps to layers (`nets.ACTIVATIONS`, `cnn.KINDS`).
+ACTIVATION_NAMES = ("relu", "tanh")
+CNN_NAMES = ("nature", "nips")
+
+
+class AlgoConfig:
+    """Base of an algorithm's hyper-parameters.  Each field needs `help` metadata
+    (use `pal_hpc.options.option`); `validate` raises ConfigError naming the field."""
+
+    def validate(self) -> None:
+        """Every float field must be finite; subclasses add their own checks."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name}: must be finite, got {value!r}")
+
+    def require(self, name: str, ok: bool, what: str) -> None:
+        """Raise `ConfigError("<name>: <what>, got <value>")` unless `ok`."""
+        if not ok:
+            raise ConfigError(f"{name}: {what}, got {getattr(self, name)!r}")
+
+
+def precision_option() -> str:
+    """The `precision` field of the off-policy algorithms' configs (DQN, DDPG, TD3, SAC)."""
+    return option("fp32", "arithmetic of the learner's forward and backward passes: fp32, "
+                          "or bf16 (torch.autocast to bfloat16: matrix products and "
+                          "convolutions in bf16; the parameters, gradients, optimizer and "
+                          "Allreduce stay fp32)", choices=PRECISIONS)
+
+
+class AlgoSpec:
+    """What the configuration layer knows of an algorithm (`pal_hpc.config_io`).
+
+    - `name`, `Config`: the --algo name and its hyper-parameters' dataclass;
+    - `run_defaults`: run-wide defaults it wants where the user gave none (TD3's gamma
+      0.98 and batches of 256);
+    - `atari_run_defaults`, `atari_defaults`: run-wide and own defaults for Atari ids;
+    - `preset_field`, `presets`: the option naming a preset, and each preset's values;
+      `env_defaults(env, preset)`: a preset's values for an env's family (PPO);
+    - `on_policy`: runs on the lockstep runtime (one master per node), not on actors,
+      replay and learners."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    run_defaults: ClassVar[dict] = {}
+    atari_run_defaults: ClassVar[dict] = {}
+    atari_defaults: ClassVar[dict] = {}
+    preset_field: ClassVar[str | None] = None
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    env_defaults: ClassVar[Any] = None
+    on_policy: ClassVar[bool] = False
