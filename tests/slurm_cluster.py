@@ -8,6 +8,13 @@ this host: Debian builds SLURM with MULTIPLE_SLURMD) run in the background, each
 `timeout` so that none outlives a test run that was killed; `stop` cancels every job
 first (a stopped slurmd leaves its jobs running) and then ends the daemons by PID.
 
+On test hosts (`SlurmCluster(hosts=TestHosts(...))`, pal_hpc.cluster.testhosts) each
+node is a host of its own: one slurmd inside each host's namespaces (its network,
+hostname, IPC, PID and /dev/shm), NodeAddr its address on the test bridge, and
+slurmctld and munged here, slurmctld listening on the bridge's address; the jobs'
+steps then run inside the hosts and their ranks talk TCP across the links.  munge's
+socket is a file, which every host sees (the file system is shared, as on a cluster).
+
 The settings that make it work on a 2-core machine without systemd:
 `SlurmdParameters=config_overrides` lets each node advertise `cpus` CPUs;
 `AuthInfo=cred_expire=10` and `SchedulerParameters=sched_interval=5` restart a requeued
@@ -99,7 +106,9 @@ class SlurmCluster:
     """slurmctld + one slurmd per node of `NODES`, all on this host (see the module
     docstring).  `start()`, submit and inspect jobs, `stop()`."""
 
-    def __init__(self, cpus_per_node: int = 8, gpus_per_node: int = 2):
+    def __init__(self, cpus_per_node: int = 8, gpus_per_node: int = 2, hosts=None):
+        self.hosts = hosts              # a TestHosts that is up: a node on each host
+        self.nodes = tuple(hosts.names) if hosts is not None else NODES
         self.cpus = cpus_per_node
         self.gpus = gpus_per_node
         self.dir = Path(tempfile.mkdtemp(prefix="pal-slurm-"))
@@ -116,13 +125,39 @@ class SlurmCluster:
             self._start_munge()
             self._write_conf()
             self._spawn("slurmctld", _which("slurmctld"), "-D", "-i", "-f", str(self.conf))
-            for node in NODES:
-                self._spawn(f"slurmd-{node}", _which("slurmd"), "-D", "-N", node,
-                            "-f", str(self.conf))
+            for node in self.nodes:
+                cmd = [_which("slurmd"), "-D", "-N", node, "-f", str(self.conf)]
+                if self.hosts is not None:
+                    self._cgroup_mount(node)
+                    cmd = self.hosts.exec_argv(node, cmd)
+                self._spawn(f"slurmd-{node}", *cmd)
             self._wait_idle(timeout)
         except BaseException:
             self.stop()
             raise
+
+    def _cgroup_mount(self, node: str) -> None:
+        """slurmd refuses to start without the machine's cgroup file systems, which a
+        test host does not see (`ip netns exec` mounts the host's own /sys): mount them
+        again inside the host's own mount namespace (gone with the host), the same
+        hierarchies as this machine's, as a node has them."""
+        cmds = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            point = fields[4]
+            fstype, source, options = fields[fields.index("-") + 1:][:3]
+            if point == "/sys/fs/cgroup" or point.startswith("/sys/fs/cgroup/"):
+                if fstype not in ("tmpfs", "cgroup", "cgroup2"):
+                    continue
+                opts = ",".join(o for o in options.split(",") if o != "rw") or "defaults"
+                cmds.append(f"mkdir -p {point} && mount -t {fstype} -o {opts} {source} {point}")
+        if not cmds:
+            return
+        res = self.hosts.run(node, "mountpoint -q /sys/fs/cgroup || { " + " && ".join(cmds)
+                             + "; }")
+        if res.returncode != 0:
+            raise RuntimeError(f"{node}: the cgroup file systems slurmd needs could not "
+                               f"be mounted: {res.stderr.strip()}")
 
     def _start_munge(self) -> None:
         keydir, rundir = self.dir / "munge", self.dir / "munge-run"
@@ -149,15 +184,18 @@ class SlurmCluster:
             time.sleep(0.1)
 
     def _write_conf(self) -> None:
-        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
         d = self.dir
+        hosts = self.hosts
+        ctld_addr = hosts.gateway if hosts is not None else "127.0.0.1"
         nodes = "\n".join(
-            f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={p} "
+            f"NodeName={n} NodeHostname={n if hosts is not None else self.host} "
+            f"NodeAddr={hosts.addresses[n] if hosts is not None else '127.0.0.1'} Port={p} "
             f"CPUs={self.cpus} Gres=gpu:{self.gpus} State=UNKNOWN"
-            for n, p in zip(NODES, node_ports))
+            for n, p in zip(self.nodes, node_ports))
         self.conf.write_text(f"""\
 ClusterName=paltest
-SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldHost={self.host}({ctld_addr})
 SlurmctldPort={ctld_port}
 SlurmUser=root
 SlurmdUser=root
@@ -184,7 +222,7 @@ ReturnToService=2
 MpiDefault=none
 GresTypes=gpu
 {nodes}
-PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
         # Count-only GPUs: no device files behind them.
         # SLURM drops GPUs without device files: stand-ins (plain files) take their place.
@@ -193,7 +231,7 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
             (d / "dev" / f"fake-gpu{i}").touch()
         (d / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={d}/dev/fake-gpu[0-"
                                      f"{self.gpus - 1}]\n")
-        for node in NODES:
+        for node in self.nodes:
             (d / f"spool-{node}").mkdir()
 
     def _spawn(self, name: str, *cmd: str) -> None:
@@ -217,7 +255,7 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
                 self._check_alive(name)
             proc = self.cmd("sinfo", "-h", "-N", "-o", "%N %T", check=False)
             states = proc.stdout.split()
-            if proc.returncode == 0 and states[1::2] == ["idle"] * len(NODES):
+            if proc.returncode == 0 and states[1::2] == ["idle"] * len(self.nodes):
                 return
             time.sleep(0.5)
         raise RuntimeError(f"the nodes were not idle within {timeout:.0f}s (sinfo: {states}); "
@@ -299,7 +337,10 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
             [n for n in ("slurmctld", "munged") if n in self.procs]
         for name in order:
             proc = self.procs[name]
-            if proc.poll() is None:
+            if proc.poll() is None and self.hosts is not None and name.startswith("slurmd"):
+                # nsenter does not pass signals on: end the slurmd inside its host.
+                self.hosts.kill(name[len("slurmd-"):], "slurmd -D", signal.SIGTERM)
+            elif proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)    # `timeout` passes it on to the daemon
             try:
                 proc.wait(timeout=20)
