@@ -72,11 +72,30 @@ pal_launch() {
     # checkpoint, but pal_run_and_requeue must not bring the job back.
     # shellcheck disable=SC2064
     trap "PAL_CANCELLED=1; kill -${signal_to} ${pid} 2>/dev/null" TERM
-    # `wait` returns early (status > 128) when a trapped signal arrives: wait again.
-    while :; do
-        wait "$pid" && status=0 || status=$?
-        kill -0 "$pid" 2>/dev/null || break
+    # After a partition the ranks end themselves at their deadline (a line in
+    # PAL_PEER_LOST_LOG, set by pal_run_and_requeue), but hydra's mpiexec goes on
+    # waiting for the cut-off host's proxy until TCP gives up: once that line is
+    # written, the launcher gets PAL_PEER_LOST_GRACE seconds (default 15) to end, then
+    # is ended.  Polled each second; `wait` returns early when a trapped signal arrives.
+    local lost_log=${PAL_PEER_LOST_LOG:-} grace=${PAL_PEER_LOST_GRACE:-15} mark="" since=""
+    [ -n "$lost_log" ] && mark=$(mktemp)
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ -n "$mark" ] && [ -s "$lost_log" ] && [ "$lost_log" -nt "$mark" ]; then
+            since=${since:-$SECONDS}
+            if [ $((SECONDS - since)) -ge "$grace" ]; then
+                echo "pal_hpc: the ranks gave up on a lost peer (${lost_log}) and the" \
+                    "launcher is still running ${grace} s later: ending it" >&2
+                kill -TERM "$pid" 2>/dev/null
+                sleep 5
+                kill -KILL "$pid" 2>/dev/null
+                break
+            fi
+        fi
+        sleep 1 &
+        wait $! 2>/dev/null || true
     done
+    wait "$pid" && status=0 || status=$?
+    [ -n "$mark" ] && rm -f "$mark"
     trap - TERM USR1
     return "$status"
 }

@@ -346,3 +346,76 @@ def test_requeue_script_decides_from_status_and_summary(tmp_path, status, summar
     assert proc.returncode == want_status, proc.stdout + proc.stderr
     assert want_text in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert "requeueing job" not in proc.stdout
+
+
+def _fake_scontrol(tmp_path) -> dict:
+    """An environment whose `scontrol` only records its arguments (in tmp_path/calls)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\n")
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
+
+
+@pytest.mark.parametrize("case", ["deadline", "hydra killed", "open mpi killed", "crash",
+                                  "old peer_lost.log"])
+def test_requeue_script_requeues_a_lost_node_and_nothing_else(tmp_path, case):
+    """A lost node (the ranks' deadline wrote peer_lost.log this attempt, or the
+    launcher reports a rank killed by SIGKILL) is requeued; a crash is not, nor is a
+    peer_lost.log that an earlier attempt wrote."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lost = run_dir / "peer_lost.log"
+    if case == "old peer_lost.log":
+        lost.write_text("pal_hpc: error: rank 0 (h1): ... no answer from host h2\n")
+        os.utime(lost, (time.time() - 60, time.time() - 60))
+    program = {
+        "deadline": f"echo 'pal_hpc: error: rank 0 (h1): Iallreduce ... no answer from "
+                    f"host h2 (ranks 2, 3)' >> {lost}; exit 76",
+        "hydra killed": "printf '=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\\n"
+                        "=   PID 40 RUNNING AT h2\\n=   EXIT CODE: 9\\n' >&2; exit 255",
+        "open mpi killed": "echo 'prterun noticed that process rank 2 with PID 40 on node "
+                           "h2 exited on signal 9 (Killed).' >&2; exit 137",
+        "crash": "echo 'pal_hpc: rank 1 failed: Traceback ...' >&2; exit 1",
+        "old peer_lost.log": "exit 1",
+    }[case]
+    (tmp_path / "program.sh").write_text(program + "\n")
+    script = f"source jobs/requeue.sh; pal_run_and_requeue {run_dir} bash {tmp_path}/program.sh"
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=_fake_scontrol(tmp_path))
+    out = proc.stdout + proc.stderr
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    if case in ("crash", "old peer_lost.log"):
+        assert proc.returncode == 1 and "failed; not requeueing" in out, out
+        assert calls == "", calls
+        return
+    assert proc.returncode == 0, out
+    assert calls == "requeue 7\n", calls
+    assert "lost a node (exit status" in out and "requeueing job 7 (restart 1)" in out, out
+    assert ("h2" in out) if case != "open mpi killed" else "SIGKILL" in out, out
+
+
+def test_launch_script_ends_a_launcher_left_waiting_after_the_ranks_gave_up(tmp_path):
+    """After a partition the ranks end at their deadline (a line in peer_lost.log) but
+    hydra may wait on for the cut-off host: pal_launch ends it PAL_PEER_LOST_GRACE
+    seconds after that line, and the job requeues as a lost node."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    launcher = tmp_path / "mpiexec"
+    launcher.write_text(f"#!/bin/bash\n[ \"$1\" = --version ] && exit 0\nsleep 1\n"
+                        f"echo 'pal_hpc: error: rank 0 (h1): no answer from host h2' "
+                        f">> {run_dir / 'peer_lost.log'}\nexec sleep 300\n")
+    launcher.chmod(0o755)
+    script = (f"source jobs/requeue.sh; source jobs/launch.sh; "
+              f"pal_run_and_requeue {run_dir} pal_launch true")
+    env = {**_fake_scontrol(tmp_path), "PAL_MPIEXEC": str(launcher), "SLURM_NTASKS": "2",
+           "PAL_PEER_LOST_GRACE": "2"}
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert took < 20, (took, out)
+    assert "launcher is still running 2 s later: ending it" in out, out
+    assert "lost a node" in out and (tmp_path / "calls").read_text() == "requeue 7\n", out

@@ -5,7 +5,8 @@ hosts (pal_hpc.cluster.testhosts: each its own network, hostname, IPC, PID and
 gradients and counters cross the veth links.  The script as written, with small
 overrides only (as tests/test_slurm.py): it trains across both hosts, `scancel -s TERM`
 checkpoints it (exit 75), it requeues itself under the same job id and resumes across
-the hosts again.
+the hosts again; then every rank on one host is killed (a lost node): the launcher
+ends the attempt at once, and the script requeues it and it resumes again.
 
 Needs root (SLURM, namespaces): skips where either cannot be made, saying why, and
 fails instead under PAL_REQUIRE_SLURM=1 or PAL_REQUIRE_TESTHOSTS=1 (CI)."""
@@ -52,7 +53,7 @@ def cluster():
             c.remove()
 
 
-def test_a_job_across_two_hosts_trains_checkpoints_requeues_and_resumes_there(cluster, tmp_path):
+def test_a_job_across_two_hosts_requeues_after_a_signal_and_after_a_lost_node(cluster, tmp_path):
     hosts = cluster.hosts
     job = Job(cluster, tmp_path, "multi_node.sbatch", "--nodes=2", "--ntasks-per-node=2",
               args=("--learners-per-node", "1", "--total-steps", "100000000"))
@@ -78,6 +79,19 @@ def test_a_job_across_two_hosts_trains_checkpoints_requeues_and_resumes_there(cl
     assert info["NodeList"] == f"{hosts.prefix}h[1-2]", info
     assert f"resumed from {first['checkpoint']}" in job.output, job.output
     assert job.output.count("(4 ranks on 2 node(s))") == 2, job.output
+
+    # A lost node: every rank on the second host killed.  The launcher ends the
+    # attempt, the script requeues it as a lost node, and it resumes on both hosts.
+    lost = hosts.names[1]
+    assert hosts.kill(lost, "pal_hpc.main"), "no rank on the second host to kill"
+    job.wait_training(restarts=2, timeout=150)
+    info = job.state()
+    assert info["JobState"] == "RUNNING" and info["Restarts"] == "2", info
+    out = job.output
+    assert "lost a node (exit status" in out and f"RUNNING AT {lost}" in out, out
+    assert "requeueing job" in out.split("pal_hpc: job ")[2], out
+    third = out.split("pal_hpc: job ")[3]
+    assert "resumed from " in third and "(4 ranks on 2 node(s))" in third, third
     cluster.cmd("scancel", str(job.id))
     info = job.wait_final(timeout=60)
     assert info["JobState"] == "CANCELLED", (info, job.output)
