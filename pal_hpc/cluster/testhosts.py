@@ -189,13 +189,17 @@ while [ $# -gt 0 ]; do
   esac
 done
 host=$1; shift
+# A refusal stays up a second after it is printed: hydra reads the launcher's output and
+# its end in one poll loop, and under load it saw the end first and dropped the line
+# that names the host.
+refuse() {{ echo "testhosts: $1" >&2; sleep 1; exit 255; }}
 case "$host" in
-{cases}  *) echo "testhosts: unknown host '$host' (known: {known})" >&2; exit 255 ;;
+{cases}  *) refuse "unknown host '$host' (known: {known})" ;;
 esac
 # ssh needs the network to reach the host: a host cut off (TestHosts.cut) is refused
 # as ssh would refuse it.
 if [ -e "{self.state}/cut-$host" ]; then
-  echo "testhosts: connect to host $host: No route to host (its link is cut)" >&2; exit 255
+  refuse "connect to host $host: No route to host (its link is cut)"
 fi
 exec nsenter -t "$pid" -n -u -i -m -p -- env TMPDIR="$tmp" /bin/sh -c "$*"
 """)
