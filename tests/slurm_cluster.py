@@ -117,6 +117,20 @@ class SlurmCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.host = socket.gethostname().split(".")[0]
 
+    def __enter__(self) -> "SlurmCluster":
+        """`with SlurmCluster(...) as c:` started, then stopped and removed on exit (also
+        on failure)."""
+        try:
+            self.start()
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self.remove()
+
     # -- set-up ---------------------------------------------------------------
     def start(self, timeout: float = 90) -> None:
         """Write the configuration, start the daemons, wait until every node is idle.

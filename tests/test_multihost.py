@@ -218,12 +218,16 @@ def test_a_partition_ends_every_rank_on_both_sides_within_the_deadline(hosts, tm
         hosts.cut(cut)
         t0 = time.monotonic()
         gone = _gone(hosts, [near, cut], t0, timeout + 30)
+        left = "" if len(gone) == 2 else "\n".join(
+            f"{h}:\n" + hosts.run(h, "ps -eo pid,stat,wchan:24,etimes,args").stdout
+            for h in (near, cut))
     finally:
         hosts.heal(cut)
         if proc.poll() is None:
             proc.kill()
         out, err = proc.communicate()
-    assert set(gone) == {near, cut}, f"ranks left {timeout + 30} s after the cut: {gone}"
+    assert set(gone) == {near, cut}, (f"ranks left {timeout + 30} s after the cut: {gone}\n"
+                                      f"{left}\n{out[-2000:]}\n{err[-4000:]}")
     assert proc.returncode in (PEER_LOST_EXIT, -9), err[-3000:]
     record = (run_dir / "peer_lost.log").read_text().splitlines()
     from_near = [ln for ln in record if f"({near})" in ln]

@@ -42,13 +42,8 @@ def cluster():
         if os.environ.get("PAL_REQUIRE_SLURM") == "1":
             pytest.fail(f"PAL_REQUIRE_SLURM=1 but {exc}")
         pytest.skip(str(exc))
-    c = SlurmCluster()
-    try:
-        c.start()
+    with SlurmCluster() as c:
         yield c
-    finally:
-        c.stop()
-        c.remove()
 
 
 @pytest.fixture(autouse=True)

@@ -45,14 +45,8 @@ def cluster():
     why = unavailable()
     if why:
         _unavailable_here(why, "PAL_REQUIRE_TESTHOSTS")
-    with TestHosts(2, tag="s") as hosts:
-        c = SlurmCluster(hosts=hosts)
-        try:
-            c.start()
-            yield c
-        finally:
-            c.stop()
-            c.remove()
+    with TestHosts(2, tag="s") as hosts, SlurmCluster(hosts=hosts) as c:
+        yield c
 
 
 def test_a_job_across_two_hosts_requeues_after_a_lost_node_and_resumes_there(cluster, tmp_path):

@@ -11,7 +11,9 @@ spec (`class DQN(DQNSpec, OnePhaseAlgorithm)`), so the two never disagree.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
+import sys
 from typing import Any, ClassVar
 
 from pal_hpc.options import ConfigError, option
@@ -68,3 +70,16 @@ class AlgoSpec:
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     env_defaults: ClassVar[Any] = None
     on_policy: ClassVar[bool] = False
+
+
+def lazy_exports(package: str, where: dict[str, str]):
+    """A module `__getattr__` for `package` (PEP 562): each name of `where` is imported
+    from its submodule (`where[name]`, relative to the package) on first use, and kept.
+    The algorithm packages use it so that importing their config never imports torch."""
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{where[name]}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
+    return __getattr__

@@ -13,7 +13,7 @@ The modules, each importing only those above it in this list:
   learning-rate schedule, gradients, checkpoints.
 """
 
-import importlib
+from pal_hpc.algos.spec import lazy_exports
 
 # Each name -> its module, imported on first use (`config` alone needs no torch).
 _WHERE = {"PAAC": "algorithm",
@@ -36,10 +36,4 @@ _WHERE = {"PAAC": "algorithm",
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _WHERE)
