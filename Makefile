@@ -23,7 +23,7 @@ DOCS_STAMP   := $(VENV)/.stamp-docs
 DOCS_REQS    := requirements-docs.txt requirements-tensorboard.txt
 NATIVE_SRC  := $(wildcard cython/*.pyx cython/*.pxd cython/*.h) setup.py pyproject.toml
 
-.PHONY: install run test test-fast test-slow test-slurm docs bench bench-sync-q bench-multiagent bench-peers clean help
+.PHONY: install install-mujoco run test test-fast test-slow test-slurm docs bench bench-sync-q bench-multiagent bench-peers clean help
 
 help:
 	@echo "make install      create .venv with the pinned stack and build the native core"
@@ -39,6 +39,7 @@ help:
 	@echo "make bench        benchmarks, side by side with peers, with ratios"
 	@echo "make bench-sync-q synchronized parallel Q-learning beside Ray (the reactor paper's; ~20 min here)"
 	@echo "make bench-multiagent  multi-agent inference beside Ray, 4 and 10 agents (the reactor paper's)"
+	@echo "make install-mujoco  MuJoCo into .venv, for PPO's Hopper/HalfCheetah runs (bench_ppo.py --env Hopper-v4)"
 	@echo "make bench-peers  install peer libraries (cpprb, torchrl, tianshou, SB3, ray, envpool) into .venv-peers"
 	@echo "make clean        remove build outputs (keeps .venv)"
 
@@ -130,6 +131,13 @@ bench-multiagent: install
 
 bench-peers:
 	bash bench/install_peers.sh
+
+# MuJoCo for PPO's continuous runs and benchmark (not needed by the tests).
+MUJOCO_STAMP := $(VENV)/.stamp-mujoco
+install-mujoco: $(MUJOCO_STAMP)
+$(MUJOCO_STAMP): $(DEPS_STAMP) requirements-mujoco.txt
+	$(PY) -m pip install --quiet -r requirements-mujoco.txt
+	touch $@
 
 clean:
 	rm -rf build site *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so pal_hpc/envs/*.so .pytest_cache $(BUILD_STAMP) \

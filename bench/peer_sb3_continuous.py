@@ -58,16 +58,18 @@ FINAL_SEED = 2 * 10**6
 
 def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
     """Deterministic-policy returns of `episodes` episodes on fresh environments
-    (batched predict)."""
+    (batched predict).  A model trained in a VecNormalize sees the observations
+    normalized with its training statistics, as in training."""
     import gymnasium as gym
     import numpy as np
 
+    normalize = getattr(model.get_env(), "normalize_obs", lambda o: o)
     envs = [gym.make(env_id) for _ in range(episodes)]
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     returns = np.zeros(episodes)
     live = np.ones(episodes, bool)
     while live.any():
-        actions, _ = model.predict(obs, deterministic=True)   # in the env's bounds
+        actions, _ = model.predict(normalize(obs), deterministic=True)   # in the bounds
         for i in np.flatnonzero(live):
             o, r, terminated, truncated, _ = envs[i].step(actions[i])
             returns[i] += r

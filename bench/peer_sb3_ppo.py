@@ -1,5 +1,6 @@
-"""Peer for bench/bench_ppo.py: Stable-Baselines3 PPO on CartPole-v1 with the
-hyperparameters of CleanRL's ppo.py (pal_hpc's --algo ppo defaults).  Runs in
+"""Peer for bench/bench_ppo.py: Stable-Baselines3 PPO with the hyperparameters of
+CleanRL's ppo.py on CartPole-v1 and of its ppo_continuous_action.py on a Box-action env
+such as Hopper-v4 (pal_hpc's --algo ppo defaults for the two families).  Runs in
 .venv-peers when it has stable_baselines3, else in the project's .venv (which installs
 requirements-sb3.txt); it never imports pal_hpc.  Two modes:
 
@@ -16,6 +17,14 @@ V)^2), CleanRL's 0.5 mean(...) with vf_coef 0.5), max_grad_norm 0.5; SB3's defau
 the rest: separate tanh MLPs [64, 64] with orthogonal init, Adam eps 1e-5.  One
 difference stays: SB3 clips the value prediction (mse of R and the clipped V), CleanRL
 takes the larger of the clipped and unclipped losses.
+
+Box actions (ppo_continuous_action.py): 1 environment (DummyVecEnv) in a VecNormalize
+(observations and rewards, gamma 0.99, both clipped to +-10: CleanRL's
+NormalizeObservation, NormalizeReward and their clips), n_steps 2048, batch_size 64 (32
+minibatches), n_epochs 10, learning_rate 3e-4 annealed, ent_coef 0, the rest as above;
+SB3's Gaussian policy with log std 0 and separate tanh MLPs [64, 64] is CleanRL's
+Agent.  SB3 clips the sampled action to the bounds as CleanRL's ClipAction does.  The
+greedy evaluations normalize observations with the training statistics.
 
 target: the greedy evaluations of bench/peer_sb3_continuous.py (`learn_to_target`,
 pal_hpc's protocol and seeds).  throughput: `learn` for --steps env steps, no
@@ -41,13 +50,25 @@ def model_for(env_id: str, seed: int):
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import VecNormalize
+
     torch.set_num_threads(1)
+    common = dict(gamma=0.99, gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2,
+                  normalize_advantage=True, vf_coef=0.25, max_grad_norm=0.5, seed=seed,
+                  device="cpu", verbose=0)
+    with gym.make(env_id) as probe:
+        box = isinstance(probe.action_space, gym.spaces.Box)
+    if box:
+        env = VecNormalize(make_vec_env(env_id, n_envs=1, seed=seed), norm_obs=True,
+                           norm_reward=True, clip_obs=10.0, clip_reward=10.0, gamma=0.99)
+        return PPO("MlpPolicy", env, n_steps=2048, batch_size=64, n_epochs=10,
+                   learning_rate=lambda remaining: 3e-4 * remaining, ent_coef=0.0,
+                   **common)
     env = make_vec_env(env_id, n_envs=N_ENVS, seed=seed)
     return PPO("MlpPolicy", env, n_steps=128, batch_size=128, n_epochs=4,
-               learning_rate=lambda remaining: 2.5e-4 * remaining, gamma=0.99,
-               gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2, normalize_advantage=True,
-               ent_coef=0.01, vf_coef=0.25, max_grad_norm=0.5, seed=seed, device="cpu",
-               verbose=0)
+               learning_rate=lambda remaining: 2.5e-4 * remaining, ent_coef=0.01,
+               **common)
 
 
 def run_target(args) -> dict:
@@ -75,7 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
-    t = sub.add_parser("target", help="CartPole-v1 to a greedy mean return")
+    t = sub.add_parser("target", help="to a greedy mean return")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--env", default="CartPole-v1")
     t.add_argument("--total-steps", type=int, default=500_000)
