@@ -13,13 +13,16 @@ included.
    both sides: from the start of training to that evaluation, minus the time spent
    evaluating.  A seed that did not get there counts as +infinity in the median.
 2. Throughput: env steps per second of the whole training loop (stepping, acting,
-   updates; no evaluation) over --throughput-steps env steps (100k; MuJoCo 50k), one
-   run each.
+   updates; no evaluation) over --throughput-steps env steps (100k; MuJoCo 50k), the
+   median of --repeats runs a side (1), interleaved; with --cleanrl DIR CleanRL's own
+   script (ppo.py or ppo_continuous_action.py from that checkout, in .venv-cleanrl:
+   bash bench/install_cleanrl.sh) joins these rows with the SPS it prints.
+   --throughput-only skips part 1.
 
 The goal (issue 36): at least 2x SB3 on the median time to target.
 
     python bench/bench_ppo.py [--seeds 5] [--nps 1] [--json OUT]
-    python bench/bench_ppo.py --env Hopper-v4 --seeds 3
+    python bench/bench_ppo.py --env Hopper-v4 --seeds 3 --cleanrl ~/cleanrl/cleanrl
     python bench/bench_ppo.py --quick        # 2 seeds, 100k steps
 """
 
