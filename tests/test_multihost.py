@@ -260,6 +260,47 @@ def test_a_host_that_cannot_be_reached_or_is_unknown_fails_at_once(hosts, tmp_pa
     assert not (tmp_path / "r" / "summary.json").exists()
 
 
+def test_the_ssh_stand_in_is_a_session_that_ends_with_its_client(hosts):
+    """What a launcher sees of a host through the hosts' "ssh": the command's output and
+    exit status; and when the launcher SIGKILLs that ssh (Open MPI's mpiexec does, giving
+    up on a job with a host it cannot reach), the launcher's pipes close at once and
+    nothing the command started stays on the host.  With `exec nsenter` as the stand-in,
+    Open MPI's daemon lived on in the reachable host holding mpiexec's pipes: the job
+    had failed in 1 s and its caller waited minutes (the test above, under load)."""
+    host = hosts.names[1]
+    res = subprocess.run([str(hosts.wrapper), "-x", host, "hostname; echo err >&2; exit 3"],
+                         capture_output=True, text=True, timeout=30)
+    assert (res.returncode, res.stdout, res.stderr) == (3, f"{host}\n", "err\n")
+    tag = f"sleep 3000{os.getpid() % 10}"       # one the host's ps cannot mistake
+
+    def sleepers() -> dict[str, bool]:
+        """The command's sleeps on the host: pid -> whether it leads its own session."""
+        ps = hosts.run(host, "ps -eo pid=,sid=,comm=", timeout=10).stdout.split("\n")
+        mine = set(map(str, hosts.processes(host, tag)))
+        return {pid: pid == sid for pid, sid, comm in (line.split() for line in ps
+                if len(line.split()) == 3) if comm == "sleep" and pid in mine}
+
+    # One sleep in the command's own session, one that made its own (as daemons do).
+    proc = subprocess.Popen([str(hosts.wrapper), host, f"setsid {tag} & {tag}; wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while sorted(sleepers().values()) != [False, True] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(sleepers().values()) == [False, True]
+        proc.kill()
+        t0 = time.monotonic()
+        proc.communicate(timeout=20)                # both pipes at their end
+        assert time.monotonic() - t0 < 5
+        deadline = time.monotonic() + 10
+        while hosts.processes(host, tag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hosts.processes(host, tag) == []      # the shell too
+    finally:
+        proc.kill()
+        hosts.kill(host, tag)
+
+
 def test_taking_test_hosts_down_leaves_nothing_behind():
     why = unavailable()
     if why:

@@ -16,7 +16,9 @@ The file system is shared, as on a cluster: run directories are seen by every ho
 
 hydra (MPICH's mpiexec) reaches the hosts through `-launcher ssh -launcher-exec W`,
 where W is a small script written by `up()` that runs the proxy's command inside the
-named host (`nsenter` into its namespaces); Open MPI through `--mca plm_rsh_agent W`.
+named host (`nsenter` into its namespaces, through `testhosts_session.py`, which relays
+its output and ends it when W is killed, as ssh and sshd would); Open MPI through
+`--mca plm_rsh_agent W`.
 `mpiexec_argv()` builds either.  Typical use (tests, or by hand on a workstation):
 
     with TestHosts(2) as hosts:
@@ -42,6 +44,7 @@ from pathlib import Path
 
 STATE_ROOT = Path("/run/pal_hpc-testhosts")
 HOST_IFACE = "eth0"        # each host's end of its link, as on a real node
+SESSION = Path(__file__).with_name("testhosts_session.py")   # the far end of "ssh"
 
 
 class TestHostsError(RuntimeError):
@@ -201,7 +204,9 @@ esac
 if [ -e "{self.state}/cut-$host" ]; then
   refuse "connect to host $host: No route to host (its link is cut)"
 fi
-exec nsenter -t "$pid" -n -u -i -m -p -- env TMPDIR="$tmp" /bin/sh -c "$*"
+# Inside the host, as ssh would run it: between the command and this script's caller,
+# and ended with everything it started when this "ssh" is killed (testhosts_session.py).
+exec {shlex.quote(sys.executable)} -I {shlex.quote(str(SESSION))} "$pid" "$tmp" "$*"
 """)
         self.wrapper.chmod(0o755)
 
