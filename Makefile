@@ -45,10 +45,11 @@ help:
 
 install: $(BUILD_STAMP) $(EXTRAS_STAMP) $(DOCS_STAMP)
 
-$(DEPS_STAMP): requirements.txt
+$(DEPS_STAMP): requirements.txt requirements-minatar.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-minatar.txt
 	touch $@
 
 $(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)

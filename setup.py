@@ -110,13 +110,16 @@ setup(
     python_requires=">=3.10",
     install_requires=["numpy", "mpi4py", "torch", "gymnasium", "h5py"],
     # pal_hpc.integrations: pins in requirements-sb3.txt / requirements-torchrl.txt;
-    # --tensorboard: requirements-tensorboard.txt; MuJoCo envs: requirements-mujoco.txt.
+    # --tensorboard: requirements-tensorboard.txt; MuJoCo envs: requirements-mujoco.txt;
+    # MinAtar ids: requirements-minatar.txt (`pip install --no-deps minatar==1.0.15`
+    # suffices: the games need numpy alone; the extra brings its plotting stack too).
     extras_require={
         "tensorboard": ["tensorboard>=2.21,<3"],
         "sb3": ["stable-baselines3>=2.9,<3"],
         "torchrl": ["torchrl>=0.14.1,<0.15", "tensordict>=0.14.3,<0.15"],
         "multiagent": ["pettingzoo>=1.27,<2", "magent2>=0.3.4,<0.4"],
         "mujoco": ["mujoco>=3", "imageio>=2.14.1"],
+        "minatar": ["minatar>=1.0.15,<2"],
     },
     ext_modules=cythonize(
         extensions,

@@ -44,6 +44,11 @@ def _atari_id(env_id) -> bool:
     return isinstance(env_id, str) and is_atari(env_id)
 
 
+def _minatar_id(env_id) -> bool:
+    from pal_hpc.envs.make import is_minatar
+    return isinstance(env_id, str) and env_id.startswith("MinAtar/") and is_minatar(env_id)
+
+
 def config_from_dict(d: dict[str, Any]) -> Config:
     """A Config from plain values (keys with `_` or `-`); missing keys keep their defaults.
 
@@ -92,6 +97,14 @@ def config_from_dict(d: dict[str, Any]) -> Config:
         for name, value in Algo.atari_run_defaults.items():
             values.setdefault(name, value)
         for name, value in getattr(Algo, "atari_defaults", {}).items():
+            algo_values.setdefault(name, value)
+    minatar_run = getattr(Algo, "minatar_run_defaults", {})
+    minatar_own = getattr(Algo, "minatar_defaults", {})
+    if (minatar_run or minatar_own) and _minatar_id(values.get("env", Config.env)):
+        # The MinAtar paper's settings (DQN), or the MinAtar network (PAAC, PPO).
+        for name, value in minatar_run.items():
+            values.setdefault(name, value)
+        for name, value in minatar_own.items():
             algo_values.setdefault(name, value)
     field = getattr(Algo, "preset_field", None)
     env_defaults = getattr(Algo, "env_defaults", None)

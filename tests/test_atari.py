@@ -236,7 +236,7 @@ def test_torso_factory_picks_a_cnn_for_frames_and_an_mlp_for_vectors():
     mlp = torso(gym.spaces.Box(-1, 1, (3, 2), np.float32), hidden=(16, 8))
     assert isinstance(mlp, MLPTorso) and mlp.out_features == 8
     assert mlp(torch.zeros(5, 3, 2)).shape == (5, 8)
-    with pytest.raises(ConfigError, match="^cnn: must be one of nature, nips; got 'big'"):
+    with pytest.raises(ConfigError, match="^cnn: must be one of nature, nips, minatar; got 'big'"):
         torso(FRAMES, "big")
     # Unpreprocessed (H, W, C) screens: a clear error naming the env, not a crash.
     with pytest.raises(ConfigError, match=r"^env: frames of shape \(210, 160, 3\)"):

@@ -1,5 +1,6 @@
-"""Convolutional torsos for stacked uint8 frames (Atari): DQN's Nature CNN and the
-smaller NIPS CNN that PAAC uses.
+"""Convolutional torsos for uint8 frames: DQN's Nature CNN and the smaller NIPS CNN that
+PAAC uses (Atari's stacked 84x84 frames), and MinAtar's one-convolution network (its
+10x10 frames).
 
 Frames stay uint8 from the emulator through the replay to the learner's device (a
 quarter of float32's bytes); the torso scales them to [0, 1] as its first operation.
@@ -18,7 +19,8 @@ from pal_hpc.options import ConfigError
 # (out_channels, kernel, stride) of each conv layer, and the width of the dense layer.
 NATURE = ((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512    # Mnih et al. 2015
 NIPS = ((16, 8, 4), (32, 4, 2)), 256                  # Mnih et al. 2013; PAAC (Clemente 2017)
-KINDS = {"nature": NATURE, "nips": NIPS}
+MINATAR = ((16, 3, 1),), 128                          # Young & Tian 2019, on 10x10 frames
+KINDS = {"nature": NATURE, "nips": NIPS, "minatar": MINATAR}
 assert tuple(KINDS) == CNN_NAMES                   # the names configs accept (spec.py)
 
 
@@ -81,3 +83,8 @@ def nature_cnn(in_shape: Sequence[int]) -> CNNTorso:
 def nips_cnn(in_shape: Sequence[int]) -> CNNTorso:
     """Mnih et al. 2013 (PAAC's torso): conv 16 8x8/4, 32 4x4/2, dense 256."""
     return CNNTorso(in_shape, "nips")
+
+
+def minatar_cnn(in_shape: Sequence[int]) -> CNNTorso:
+    """MinAtar's network (Young & Tian 2019): conv 16 3x3/1, dense 128."""
+    return CNNTorso(in_shape, "minatar")

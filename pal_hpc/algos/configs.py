@@ -11,21 +11,77 @@ from pal_hpc.algos.spec import CNN_NAMES, PRECISIONS, AlgoConfig, AlgoSpec, prec
 from pal_hpc.options import option as _f
 
 LOSSES = ("huber", "mse")
+OPTIMIZERS = ("adam", "rmsprop")
+
+
+# What a MinAtar id takes under --minatar-preset, for the fields the user did not set:
+# run-wide ones (MINATAR_RUN_FIELDS) and DQN's own.
+MINATAR_RUN_FIELDS = ("replay_capacity", "batch_size", "learning_starts", "replay_ratio",
+                      "n_step", "per_alpha", "gamma", "reward_clip", "total_steps",
+                      "eval_every")
+MINATAR_PRESETS = {
+    # The MinAtar paper's DQN (Young & Tian 2019; its examples/dqn.py): replay 100k,
+    # batch 32, one update per env step after 5,000 steps, target every 1,000 updates,
+    # epsilon 1 -> 0.1 over 100k steps, centered RMSProp 2.5e-4 (decay 0.95, eps 0.01),
+    # Huber loss, gamma 0.99, no double-Q, no dueling head, uniform replay, 1-step
+    # returns, rewards as they are; 5M steps.
+    "paper": {
+        "replay_capacity": 100_000, "batch_size": 32, "learning_starts": 5_000,
+        "replay_ratio": 32.0, "n_step": 1, "per_alpha": 0.0, "gamma": 0.99,
+        "reward_clip": False, "total_steps": 5_000_000, "eval_every": 100_000,
+        "optimizer": "rmsprop", "lr": 2.5e-4, "rms_decay": 0.95, "rms_eps": 0.01,
+        "target_update": 1_000, "dueling": False, "double_q": False, "cnn": "minatar",
+        "loss": "huber", "grad_clip": 0.0, "eps_start": 1.0, "eps_final": 0.1,
+        "exploration_steps": 100_000, "eps_spread": 0.0},
+    # Revisiting Rainbow's DQN on MinAtar (Obando-Ceron & Castro 2021; its
+    # Configs/dqn_<game>.gin over Dopamine's JaxDQNAgent defaults): Adam 2.5e-4 with
+    # eps 3.125e-4, 1,000 steps before learning, one update of 32 every 4 env steps,
+    # target every 1,000 env steps (250 updates), epsilon to 0.01 over 250k steps,
+    # replay 100k uniform, 1-step, Huber, gamma 0.99; 10M steps.  Its Rainbow adds
+    # n-step 3 and prioritized replay (--n-step 3 --per-alpha 0.5).  The network stays
+    # the MinAtar paper's (its own -- a 3-D convolution straight into the output
+    # layer -- is not built here).
+    "revisiting-rainbow": {
+        "replay_capacity": 100_000, "batch_size": 32, "learning_starts": 1_000,
+        "replay_ratio": 8.0, "n_step": 1, "per_alpha": 0.0, "gamma": 0.99,
+        "reward_clip": False, "total_steps": 10_000_000, "eval_every": 100_000,
+        "optimizer": "adam", "lr": 2.5e-4, "adam_eps": 3.125e-4,
+        "target_update": 250, "dueling": False, "double_q": False, "cnn": "minatar",
+        "loss": "huber", "grad_clip": 0.0, "eps_start": 1.0, "eps_final": 0.01,
+        "exploration_steps": 250_000, "eps_spread": 0.0},
+}
+
+
+def minatar_defaults(env_id, preset: str) -> dict:
+    """The values of --minatar-preset `preset` when `env_id` is a MinAtar game, else
+    none (the check imports gymnasium only for MinAtar/ ids)."""
+    if not (isinstance(env_id, str) and env_id.startswith("MinAtar/")):
+        return {}
+    from pal_hpc.envs.make import is_minatar
+    return dict(MINATAR_PRESETS.get(preset, {})) if is_minatar(env_id) else {}
 
 
 @dataclass
 class DQNConfig(AlgoConfig):
     """DQN's hyper-parameters (the defaults reach CartPole's 475 in ~15k steps)."""
 
-    lr: float = _f(2.3e-3, "Adam learning rate (Atari ids: 6.25e-5, Dopamine's Rainbow)")
+    lr: float = _f(2.3e-3, "learning rate (Atari ids: 6.25e-5, Dopamine's Rainbow; MinAtar "
+                           "ids: 2.5e-4, the MinAtar paper's)")
+    optimizer: str = _f("adam", "adam, or rmsprop: centered RMSProp as torch.optim.RMSprop("
+                                "centered=True) with rms_decay and rms_eps (MinAtar ids: "
+                                "rmsprop, the paper's)", choices=OPTIMIZERS)
     adam_eps: float = _f(1e-8, "Adam epsilon (Atari ids: 1.5e-4, Dopamine's Rainbow)")
+    rms_decay: float = _f(0.95, "RMSProp's decay of the mean square and mean gradient")
+    rms_eps: float = _f(0.01, "RMSProp's epsilon, added to the root (MinAtar's "
+                              "MIN_SQUARED_GRAD)")
     target_update: int = _f(50, "learner steps between target-network syncs (Atari ids: "
                                 "2000 = 8000 env steps at one update per 4)")
     hidden: list[int] = _f([256, 256], "hidden layer widths of the network(s)")
     dueling: bool = _f(False, "dueling Q-network head (Atari ids: on)")
     cnn: str = _f("nature", "torso for image observations (uint8 frames, e.g. Atari) in "
-                            "place of the hidden MLP: nature (Mnih et al. 2015) or nips "
-                            "(Mnih et al. 2013, PAAC's)", choices=CNN_NAMES)
+                            "place of the hidden MLP: nature (Mnih et al. 2015), nips "
+                            "(Mnih et al. 2013, PAAC's) or minatar (Young & Tian 2019; "
+                            "MinAtar ids' default)", choices=CNN_NAMES)
     double_q: bool = _f(True, "double-Q targets")
     loss: str = _f("huber", "TD loss: huber (smooth L1) or mse (the squared TD error)",
                    choices=LOSSES)
@@ -37,13 +93,23 @@ class DQNConfig(AlgoConfig):
                                        "250,000)")
     eps_spread: float = _f(3.0, "actor i of N ends at eps_final ** (1 + eps_spread * i / "
                                 "(N-1)), Ape-X style (0 = all actors equal; Atari ids: 0)")
+    minatar_preset: str = _f("paper", "what MinAtar ids take for the options not given: "
+                                      "paper (the MinAtar paper's DQN) or "
+                                      "revisiting-rainbow (Obando-Ceron & Castro 2021's "
+                                      "DQN settings); other ids ignore it",
+                             choices=tuple(MINATAR_PRESETS))
     precision: str = precision_option()
 
     def validate(self) -> None:
         super().validate()
         req = self.require
         req("lr", self.lr > 0, "must be > 0")
+        req("minatar_preset", self.minatar_preset in MINATAR_PRESETS,
+            f"must be one of {', '.join(MINATAR_PRESETS)}")
         req("adam_eps", self.adam_eps > 0, "must be > 0")
+        req("optimizer", self.optimizer in OPTIMIZERS, f"must be one of {', '.join(OPTIMIZERS)}")
+        req("rms_decay", 0 <= self.rms_decay < 1, "must be in [0, 1)")
+        req("rms_eps", self.rms_eps > 0, "must be > 0")
         req("target_update", self.target_update >= 1, "must be >= 1")
         req("hidden", len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden),
             "must be a non-empty list of positive widths")
@@ -79,6 +145,9 @@ class DQNSpec(AlgoSpec):
         "lr": 6.25e-5, "adam_eps": 1.5e-4, "target_update": 2_000, "dueling": True,
         "double_q": True, "cnn": "nature", "eps_final": 0.01, "exploration_steps": 250_000,
         "eps_spread": 0.0}
+    # MinAtar ids: the settings of --minatar-preset (MINATAR_PRESETS, docs/minatar.md).
+    preset_field = "minatar_preset"
+    env_defaults = staticmethod(minatar_defaults)
 
 
 # The run-wide defaults of the rl-baselines3-zoo Pendulum recipe (1 gradient step of

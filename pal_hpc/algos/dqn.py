@@ -29,7 +29,7 @@ from pal_hpc.algos.base import NetworkPolicy, OnePhaseAlgorithm
 from pal_hpc.algos.configs import DQNConfig, DQNSpec
 from pal_hpc.algos.nets import (FlatParams, MLPTorso, autocast, is_image, output_linear, seeded,
                                 torso)
-from pal_hpc.algos.optim import FlatAdam
+from pal_hpc.algos.optim import FlatAdam, FlatRMSProp
 
 # The arrays a loss batch carries (see DQN.loss).
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
@@ -143,12 +143,17 @@ class DQN(DQNSpec, OnePhaseAlgorithm):
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         # Every parameter (and its .grad) is a view into one flat buffer, so the
         # gradient leaves for the Allreduce without a gather, comes back with one copy,
-        # is clipped with one norm and is stepped by one fused Adam over the whole
-        # vector (FlatAdam: Adam is elementwise, so this is the same maths as Adam per
-        # tensor, without per-tensor bookkeeping).
+        # is clipped with one norm and is stepped by one optimizer over the whole
+        # vector (FlatAdam, fused, or FlatRMSProp: both elementwise, so this is the same
+        # maths as per tensor, without per-tensor bookkeeping).
         self._params = FlatParams([self.online], self.device)
         self._flat, self._flat_grad = self._params.flat, self._params.grad
-        self.optimizer = FlatAdam(self._flat, lr=config.lr, eps=config.adam_eps)
+        if config.optimizer == "rmsprop":        # torch.optim.RMSprop(centered=True)'s
+            self.optimizer = FlatRMSProp(self._flat, lr=config.lr, decay=config.rms_decay,
+                                         eps=config.rms_eps, eps_in_sqrt=False,
+                                         initial_square=0.0, centered=True)
+        else:
+            self.optimizer = FlatAdam(self._flat, lr=config.lr, eps=config.adam_eps)
         self.updates = 0
 
     def _network(self) -> QNetwork:

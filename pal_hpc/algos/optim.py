@@ -112,11 +112,14 @@ class FlatRMSProp:
 
     `eps_in_sqrt=False, initial_square=0.0` is torch.optim.RMSprop's update instead,
     p <- p - lr * g / (sqrt(ms) + eps) from ms = 0 (tests/test_paac.py checks it
-    against torch step by step).  `step` takes the learning rate of this step, so a
-    caller can anneal it."""
+    against torch step by step).  `centered=True` (with those two) is
+    torch.optim.RMSprop(centered=True), the centered RMSProp of the MinAtar paper's DQN:
+    a running mean of the gradient `ga` too, and p <- p - lr * g / (sqrt(ms - ga^2) + eps).
+    `step` takes the learning rate of this step, so a caller can anneal it."""
 
     def __init__(self, param: torch.Tensor, lr: float = 1e-2, decay: float = 0.99,
-                 eps: float = 0.1, eps_in_sqrt: bool = True, initial_square: float = 1.0):
+                 eps: float = 0.1, eps_in_sqrt: bool = True, initial_square: float = 1.0,
+                 centered: bool = False):
         if param.dim() != 1:
             raise ValueError(f"FlatRMSProp needs a 1-D parameter vector, got shape "
                              f"{tuple(param.shape)}")
@@ -127,6 +130,8 @@ class FlatRMSProp:
         self.lr, self.decay, self.eps = float(lr), float(decay), float(eps)
         self.eps_in_sqrt = bool(eps_in_sqrt)
         self.square_avg = torch.full_like(param, float(initial_square))
+        self.centered = bool(centered)
+        self.grad_avg = torch.zeros_like(param) if self.centered else None
         self.steps = 0
 
     @torch.no_grad()
@@ -143,18 +148,32 @@ class FlatRMSProp:
             norm = float(n)
         lr = self.lr if lr is None else float(lr)
         self.square_avg.mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
-        if self.eps_in_sqrt:
-            denom = self.square_avg.add(self.eps).sqrt_()
+        if self.centered:
+            self.grad_avg.lerp_(grad, 1.0 - self.decay)
+            var = self.square_avg.addcmul(self.grad_avg, self.grad_avg, value=-1.0)
         else:
-            denom = self.square_avg.sqrt().add_(self.eps)
+            var = self.square_avg
+        if self.eps_in_sqrt:
+            denom = var.add(self.eps).sqrt_()
+        else:
+            denom = var.sqrt().add_(self.eps)
         self.param.addcdiv_(grad, denom, value=-lr)
         self.steps += 1
         return norm
 
+    @property
+    def step_count(self) -> int:
+        """Steps taken so far."""
+        return self.steps
+
     def state_dict(self) -> dict:
-        """Mean squares, step count and hyperparameters: tensors and numbers only."""
-        return {"steps": self.steps, "square_avg": self.square_avg, "lr": self.lr,
-                "decay": self.decay, "eps": self.eps, "eps_in_sqrt": self.eps_in_sqrt}
+        """Mean squares (and, centered, mean gradients), step count and hyperparameters:
+        tensors and numbers only.  An uncentered state has the keys it always had."""
+        state = {"steps": self.steps, "square_avg": self.square_avg, "lr": self.lr,
+                 "decay": self.decay, "eps": self.eps, "eps_in_sqrt": self.eps_in_sqrt}
+        if self.centered:
+            state.update(centered=True, grad_avg=self.grad_avg)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict() returned; the mean squares must match the parameter."""
@@ -163,11 +182,15 @@ class FlatRMSProp:
         if missing:
             raise ValueError(f"optimizer state lacks {missing} (has {sorted(state)}): not a "
                              f"FlatRMSProp state")
-        sq = torch.as_tensor(state["square_avg"])
-        if tuple(sq.shape) != tuple(self.param.shape):
-            raise ValueError(f"optimizer state 'square_avg' has shape {tuple(sq.shape)}, "
-                             f"the parameter vector {tuple(self.param.shape)}")
-        self.square_avg.copy_(sq)
+        if bool(state.get("centered", False)) != self.centered:
+            raise ValueError(f"optimizer state is {'' if state.get('centered') else 'not '}"
+                             f"centered, this RMSProp is{'' if self.centered else ' not'}")
+        for key in ("square_avg", "grad_avg") if self.centered else ("square_avg",):
+            t = torch.as_tensor(state[key])
+            if tuple(t.shape) != tuple(self.param.shape):
+                raise ValueError(f"optimizer state {key!r} has shape {tuple(t.shape)}, "
+                                 f"the parameter vector {tuple(self.param.shape)}")
+            getattr(self, key).copy_(t)
         self.steps = int(state["steps"])
         self.lr, self.decay, self.eps = float(state["lr"]), float(state["decay"]), float(state["eps"])
         self.eps_in_sqrt = bool(state["eps_in_sqrt"])

@@ -21,7 +21,7 @@ from pal_hpc.options import ConfigError, option
 PRECISIONS = ("fp32", "bf16")
 # The names the torch side maps to layers (`nets.ACTIVATIONS`, `cnn.KINDS`).
 ACTIVATION_NAMES = ("relu", "tanh")
-CNN_NAMES = ("nature", "nips")
+CNN_NAMES = ("nature", "nips", "minatar")
 
 
 class AlgoConfig:
@@ -56,6 +56,7 @@ class AlgoSpec:
     - `run_defaults`: run-wide defaults it wants where the user gave none (TD3's gamma
       0.98 and batches of 256);
     - `atari_run_defaults`, `atari_defaults`: run-wide and own defaults for Atari ids;
+      `minatar_run_defaults`, `minatar_defaults` the same for MinAtar ids;
     - `preset_field`, `presets`: the option naming a preset, and each preset's values;
       `env_defaults(env, preset)`: a preset's values for an env's family (PPO);
     - `on_policy`: runs on the lockstep runtime (one master per node), not on actors,
@@ -66,6 +67,8 @@ class AlgoSpec:
     run_defaults: ClassVar[dict] = {}
     atari_run_defaults: ClassVar[dict] = {}
     atari_defaults: ClassVar[dict] = {}
+    minatar_run_defaults: ClassVar[dict] = {}
+    minatar_defaults: ClassVar[dict] = {}
     preset_field: ClassVar[str | None] = None
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     env_defaults: ClassVar[Any] = None

@@ -1,4 +1,5 @@
-"""Building gymnasium environments by id, Atari ids with the standard preprocessing."""
+"""Building gymnasium environments by id: Atari ids with the standard preprocessing,
+MinAtar ids as uint8 frames channels first."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 from pal_hpc.options import ConfigError
 
 _registered_ale = False
+_registered_minatar = False
 
 # ale-py's environment class: the ids whose spec names it are Atari games.
 ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
@@ -27,6 +29,49 @@ def _register_ale() -> None:
         except ImportError:
             pass
         _registered_ale = True
+
+
+# MinAtar's environment class (Young & Tian 2019; the `minatar` package: MinAtar/<Game>-v1
+# with the game's minimal action set, -v0 with all six actions).
+MINATAR_ENTRY_POINT = "minatar.gym:BaseEnv"
+
+
+def _register_minatar() -> None:
+    """Register MinAtar's ids with gymnasium (gymnasium 1.x loads no plugins by itself).
+
+    minatar.gym logs a warning at import when seaborn is missing (it colours
+    rendered frames with it; we never render): that one warning is kept out of every
+    process's stderr."""
+    global _registered_minatar
+    if _registered_minatar:
+        return
+    _registered_minatar = True
+    import logging
+
+    class _NoSeabornWarning(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "seaborn" not in record.getMessage()
+
+    root, quiet = logging.getLogger(), _NoSeabornWarning()
+    root.addFilter(quiet)
+    try:
+        import minatar.gym
+    except ImportError:
+        return
+    finally:
+        root.removeFilter(quiet)
+    if "MinAtar/Breakout-v1" not in gym.registry:
+        minatar.gym.register_envs()
+
+
+def is_minatar(env_id: str) -> bool:
+    """Whether `env_id` is a MinAtar game (MinAtar/Breakout-v1, ...); False for unknown
+    ids and where the `minatar` package is not installed."""
+    _register_minatar()
+    try:
+        return gym.spec(env_id).entry_point == MINATAR_ENTRY_POINT
+    except gym.error.Error:
+        return False
 
 
 def is_atari(env_id: str) -> bool:
@@ -56,6 +101,7 @@ def make_env(env_id: str, seed: int, *, atari_preprocessing: bool = True,
     at their defaults.  A Box action space is rescaled to [-1, 1]: every algorithm
     acts in that range.  Whether the spaces suit the algorithm is its `check_env`."""
     _register_ale()
+    _register_minatar()
     options = {"noop_max": noop_max, "frame_skip": frame_skip, "screen_size": screen_size,
                "frame_stack": frame_stack, "terminal_on_life_loss": terminal_on_life_loss}
     try:
@@ -69,8 +115,12 @@ def make_env(env_id: str, seed: int, *, atari_preprocessing: bool = True,
             raise ConfigError(f"{', '.join(changed)}: only for Atari (ALE/...) ids; "
                               f"{env_id!r} is not one")
     try:
-        env = (atari_env(env_id, **options) if atari and atari_preprocessing
-               else gym.make(env_id))
+        if atari and atari_preprocessing:
+            env = atari_env(env_id, **options)
+        elif spec.entry_point == MINATAR_ENTRY_POINT:
+            env = minatar_env(env_id)
+        else:
+            env = gym.make(env_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env: cannot make {env_id!r}: {exc}") from None
     if isinstance(env.action_space, gym.spaces.Box):
@@ -129,6 +179,25 @@ def atari_env(env_id: str, noop_max: int = 30, frame_skip: int = 4, screen_size:
         env, noop_max=noop_max, frame_skip=frame_skip, screen_size=screen_size,
         terminal_on_life_loss=terminal_on_life_loss, grayscale_obs=True, scale_obs=False)
     return gym.wrappers.FrameStackObservation(env, frame_stack)
+
+
+def minatar_env(env_id: str, **kwargs) -> gym.Env:
+    """A MinAtar game as image observations every algorithm here takes: its (10, 10, C)
+    bool channels (one per kind of object) become uint8 frames (C, 10, 10), channels
+    first, 255 where the object is -- the convention of every frame here (Atari's
+    grayscale 0..255; the CNN torsos scale by 1/255, so the network sees MinAtar's 0/1
+    exactly).  Frames are uint8 end to end, one byte per cell as the bools were.
+
+    The game keeps the package's defaults, the paper's: sticky actions with
+    probability 0.1 and difficulty ramping (`kwargs` go to the game: sticky_action_prob,
+    difficulty_ramping).  Episodes end only by the game's own rules (no time limit, as
+    in the paper; Freeway ends after 2,500 steps)."""
+    env = gym.make(env_id, **kwargs)
+    h, w, c = env.observation_space.shape
+    box = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
+    return gym.wrappers.TransformObservation(
+        env, lambda obs: np.ascontiguousarray(np.moveaxis(obs, -1, 0), dtype=np.uint8) * 255,
+        box)
 
 
 def _check_atari_options(options: dict) -> None:

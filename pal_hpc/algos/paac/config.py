@@ -81,7 +81,8 @@ class PAACConfig(AlgoConfig):
                                    "are reported unclipped): auto = on image (Atari) "
                                    "observations only", choices=CLIP_CHOICES)
     cnn: str = _f("nips", "torso for image observations: nips (Mnih et al. 2013, the "
-                          "paper's) or nature (Mnih et al. 2015)", choices=CNN_NAMES)
+                          "paper's), nature (Mnih et al. 2015) or minatar (Young & "
+                          "Tian 2019; MinAtar ids' default)", choices=CNN_NAMES)
     hidden: list[int] = _f([64, 64], "hidden layer widths of the MLP torso on vector "
                                      "observations")
     activation: str = _f("relu", "activation of the MLP torso on vector observations: relu, "
@@ -171,6 +172,8 @@ class PAACSpec(AlgoSpec):
     on_policy = True
     # Evaluations are run by the master and hold up every node: less often than DQN's.
     run_defaults = {"eval_every": 10_000}
+    # MinAtar ids (10x10 frames): the MinAtar paper's network.
+    minatar_defaults = {"cnn": "minatar"}
     # Named sets of option values (config_from_dict applies the chosen one under the
     # flags a user gave): the field that chooses, and the sets.
     preset_field = "paac_preset"

@@ -148,7 +148,8 @@ class PPOConfig(AlgoConfig):
                          choices=ACTIVATION_NAMES)
     shared_torso: bool = _f(False, "one torso for policy and value (the CNN's default: "
                                    "the Atari family sets it); else one each")
-    cnn: str = _f("nature", "CNN torso on frames", choices=CNN_NAMES)
+    cnn: str = _f("nature", "CNN torso on frames: nature, nips or minatar (MinAtar ids' "
+                            "default)", choices=CNN_NAMES)
     init: str = _f("orthogonal", "orthogonal: gain sqrt(2), biases 0, policy head 0.01, "
                                  "value head 1; torch: torch's own", choices=INITS)
     log_std_init: float = _f(0.0, "continuous actions: the initial log std of the "
@@ -185,6 +186,8 @@ class PPOSpec(AlgoSpec):
     Config = PPOConfig
     on_policy = True
     run_defaults = {"eval_every": 10_000}
+    # MinAtar ids (10x10 frames): the MinAtar paper's network.
+    minatar_defaults = {"cnn": "minatar"}
     preset_field = "ppo_preset"
     presets = {name: {} for name in PRESETS}     # values per env: env_defaults
     env_defaults = staticmethod(env_defaults)
