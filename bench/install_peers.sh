@@ -38,6 +38,8 @@
 #                        Ray side (peer_ray_multiagent.py) steps it here.  ma-gym (the
 #                        reactor paper's TrafficJunction) does not install: it needs
 #                        gym<=0.20, which does not build with today's setuptools.
+#   mujoco 4.0.1, imageio 2.38.2: the project's pins (requirements-mujoco.txt); SB3's
+#                        PPO on Hopper-v4 beside ours (bench_ppo.py --env Hopper-v4).
 #
 # torchrl caveat: torchrl's shipped C++ extension (its segment trees) does not
 # load with torch 2.13.0; bench/torchrl_extension.sh (see there) rebuilds it from
@@ -70,6 +72,8 @@ PINS=(
   "pettingzoo==1.27.0"
   "magent2==0.3.4"
   "pygame-ce==2.5.8"
+  "mujoco==4.0.1"
+  "imageio==2.38.2"
 )
 
 # The stamp records a hash of this script, so editing a pin reinstalls.
