@@ -98,12 +98,9 @@ def config_from_dict(d: dict[str, Any]) -> Config:
             values.setdefault(name, value)
         for name, value in getattr(Algo, "atari_defaults", {}).items():
             algo_values.setdefault(name, value)
-    minatar_run = getattr(Algo, "minatar_run_defaults", {})
     minatar_own = getattr(Algo, "minatar_defaults", {})
-    if (minatar_run or minatar_own) and _minatar_id(values.get("env", Config.env)):
-        # The MinAtar paper's settings (DQN), or the MinAtar network (PAAC, PPO).
-        for name, value in minatar_run.items():
-            values.setdefault(name, value)
+    if minatar_own and _minatar_id(values.get("env", Config.env)):
+        # The MinAtar network (PAAC, PPO; DQN's MinAtar settings are its preset's).
         for name, value in minatar_own.items():
             algo_values.setdefault(name, value)
     field = getattr(Algo, "preset_field", None)

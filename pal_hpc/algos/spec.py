@@ -56,7 +56,8 @@ class AlgoSpec:
     - `run_defaults`: run-wide defaults it wants where the user gave none (TD3's gamma
       0.98 and batches of 256);
     - `atari_run_defaults`, `atari_defaults`: run-wide and own defaults for Atari ids;
-      `minatar_run_defaults`, `minatar_defaults` the same for MinAtar ids;
+      `minatar_defaults`: own defaults for MinAtar ids (DQN's run-wide ones come
+      with its --minatar-preset, `env_defaults`);
     - `preset_field`, `presets`: the option naming a preset, and each preset's values;
       `env_defaults(env, preset)`: a preset's values for an env's family (PPO);
     - `on_policy`: runs on the lockstep runtime (one master per node), not on actors,
@@ -67,7 +68,6 @@ class AlgoSpec:
     run_defaults: ClassVar[dict] = {}
     atari_run_defaults: ClassVar[dict] = {}
     atari_defaults: ClassVar[dict] = {}
-    minatar_run_defaults: ClassVar[dict] = {}
     minatar_defaults: ClassVar[dict] = {}
     preset_field: ClassVar[str | None] = None
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
