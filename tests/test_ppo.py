@@ -21,6 +21,7 @@ import torch
 from conftest import ROOT, mpi_env, run_mpi
 from pal_hpc.algos import ALGOS, PPO
 from pal_hpc.algos.ppo import PPOConfig, RunningMoments, gae, moments, ppo_loss
+from pal_hpc.algos.ppo.loss import SUMS
 from pal_hpc.algos.ppo.network import sample
 from pal_hpc.cluster.launch import pal_main
 from pal_hpc.config import ConfigError
@@ -30,6 +31,7 @@ from pal_hpc.io.metrics import read_run_metrics
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 DISCRETE = gym.spaces.Discrete(2)
+SUMS_KL = SUMS.index("approx_kl")
 BOX = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 
 
@@ -285,6 +287,45 @@ def test_orthogonal_init_and_separate_torsos():
     frames = PPO(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6),
                  PPOConfig(shared_torso=True), seed=0)
     assert frames.net.trunk.kind == "nature" and frames._np is None and frames.clip_rewards
+
+
+def test_bf16_acts_and_learns_where_fp32_does():
+    """--precision bf16: the torso under autocast, the heads, log-probabilities, losses,
+    gradients and Adam in fp32; a round's first gradient points where fp32's does, the
+    acting log-probabilities are what the update recomputes (ratio 1 to bf16's
+    rounding), and MLPs leave the numpy paths (they are fp32 only)."""
+    frames = gym.spaces.Box(0, 255, (4, 10, 10), np.uint8)
+    rng = np.random.default_rng(5)
+    obs = rng.integers(0, 256, (7, 4, *frames.shape), dtype=np.uint8)
+    reward = rng.normal(size=(6, 4)).astype(np.float32)
+    algos = {p: PPO(frames, gym.spaces.Discrete(3),
+                    PPOConfig(cnn="minatar", shared_torso=True, precision=p, num_steps=6,
+                              num_minibatches=1, update_epochs=1), seed=2)
+             for p in ("fp32", "bf16")}
+    grads = {}
+    for p, algo in algos.items():
+        acts = [algo.rollout_act(obs[t], np.random.default_rng(t)) for t in range(6)]
+        batch = {"obs": obs, "action": np.stack([a for a, _ in acts]),
+                 "logprob": np.stack([x["logprob"] for _, x in acts]),
+                 "value": np.stack([x["value"] for _, x in acts]),
+                 "reward": reward, "terminated": np.zeros((6, 4), bool),
+                 "truncated": np.zeros((6, 4), bool), "valid": np.ones((6, 4), bool)}
+        assert batch["logprob"].dtype == batch["value"].dtype == np.float32
+        parts = [algo.begin_update(batch)]
+        step = next(iter(algo.update_plan(batch, parts, 0)))
+        grads[p] = np.zeros(algo.num_params, np.float32)
+        algo.compute_gradients("ppo", step, grads[p])
+        sums = algo.step_sums() / step["size"]
+        assert np.isfinite(grads[p]).all() and np.isfinite(sums).all()
+        assert abs(sums[SUMS_KL]) < 1e-3, (p, sums)          # r = 1 on the first step
+    g32, g16 = grads["fp32"], grads["bf16"]
+    assert not np.array_equal(g32, g16)                      # bf16 did run
+    assert g32 @ g16 / (np.linalg.norm(g32) * np.linalg.norm(g16)) > 0.98
+    mlp = make(precision="bf16")
+    assert mlp._np is None and mlp._npgrad is None
+    assert make()._np is not None and make()._npgrad is not None
+    with pytest.raises(ConfigError, match="precision"):
+        PPOConfig(precision="fp16").validate()
 
 
 # ---- configuration ------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pal_hpc.algos.nets import FlatParams, is_image, seeded
+from pal_hpc.algos.nets import FlatParams, autocast, is_image, seeded
 from pal_hpc.algos.onpolicy import OnPolicyAlgorithm
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.algos.ppo import config as C
@@ -60,9 +60,12 @@ class PPO(C.PPOSpec, OnPolicyAlgorithm):
         self.net = seeded(seed, lambda: PPONet(
             obs_space, act_space, config.cnn, tuple(config.hidden), config.activation,
             config.shared_torso, config.init, config.log_std_init)).to(self.device)
-        self._np = NumpyHeads(self.net) if NumpyHeads.fits(self.net, self.device) else None
-        # Small separate MLPs on the CPU learn through numpy too (numpy_grad).
-        self._npgrad = NumpyGrad(self.net) if NumpyGrad.fits(self.net, self.device) else None
+        # Small MLPs on the CPU act, and separate ones learn, through numpy (in fp32).
+        fp32 = config.precision == "fp32"
+        self._np = (NumpyHeads(self.net) if fp32 and NumpyHeads.fits(self.net, self.device)
+                    else None)
+        self._npgrad = (NumpyGrad(self.net) if fp32 and NumpyGrad.fits(self.net, self.device)
+                        else None)
         self._params = FlatParams([self.net], self.device)
         self._flat, self._flat_grad = self._params.flat, self._params.grad
         self.optimizer = FlatAdam(self._flat, lr=config.lr, eps=config.adam_eps)
@@ -112,9 +115,9 @@ class PPO(C.PPOSpec, OnPolicyAlgorithm):
             if self.obs_norm is not None:
                 obs = self.obs_norm.normalize(obs, self.config.norm_clip)
             return self._np(obs)
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.device, self.config.precision):
             out, value = self.net(self._obs(obs))
-        return out.float().cpu().numpy(), value.float().cpu().numpy()
+        return out.cpu().numpy(), value.cpu().numpy()
 
     def rollout_act(self, obs, rng):
         out, value = self._heads(obs)
@@ -239,7 +242,8 @@ class PPO(C.PPOSpec, OnPolicyAlgorithm):
             return self._numpy_gradients(batch, out)
         r, rows = self._round, torch.as_tensor(batch["rows"], device=self.device)
         self._flat_grad.zero_()
-        logp, entropy, value = self.net.evaluate(r["obs"][rows], r["action"][rows])
+        logp, entropy, value = self.net.evaluate(r["obs"][rows], r["action"][rows],
+                                                 cfg.precision)
         adv = r["adv"][rows]
         if cfg.norm_adv:
             adv = (adv - float(batch["adv_mean"])) / (float(batch["adv_std"]) + 1e-8)

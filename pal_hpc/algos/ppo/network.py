@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pal_hpc.algos.base import NetworkPolicy
-from pal_hpc.algos.nets import is_image, torso
+from pal_hpc.algos.nets import autocast, is_image, output_linear, torso
 from pal_hpc.algos.paac.network import sample_actions
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -47,15 +47,20 @@ class PPONet(nn.Module):
                 nn.init.orthogonal_(self.value.weight, 1.0)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits or means (B, out), values (B,))."""
+        """(logits or means (B, out), values (B,)), float32: the heads run in fp32
+        under bf16 autocast too (`nets.output_linear`), so log-probabilities and their
+        ratios keep fp32's resolution."""
         z = self.trunk(obs)
         zv = z if self.value_trunk is None else self.value_trunk(obs)
-        return self.policy(z), self.value(zv).squeeze(-1)
+        return (output_linear(z, self.policy.weight, self.policy.bias),
+                output_linear(zv, self.value.weight, self.value.bias).squeeze(-1))
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor, precision: str = "fp32"
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log pi(action|obs), entropy, value), each (B,)."""
-        out, value = self(obs)
+        """(log pi(action|obs), entropy, value), each (B,) float32; `precision` bf16
+        runs the torso under bf16 autocast."""
+        with autocast(obs.device, precision):
+            out, value = self(obs)
         if self.continuous:
             log_std = self.log_std.expand_as(out)
             z = (action - out) / log_std.exp()
