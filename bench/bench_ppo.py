@@ -392,7 +392,8 @@ def main() -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "seeds": [] if args.throughput_only else seeds, "total_steps": args.total_steps, "target": args.target,
-            "runs": {c: {str(s): records[c][s] for s in seeds} for c in configs},
+            "runs": {} if args.throughput_only else
+                    {c: {str(s): records[c][s] for s in seeds} for c in configs},
             "medians": {c: {k: enc(v) for k, v in med[c].items()} for c in med},
             "env_steps_per_s": {c: enc(v) for c, v in rates.items()},
             "env_steps_per_s_samples": samples, "env": args.env,
