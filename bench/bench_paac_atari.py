@@ -40,6 +40,14 @@ emulators) is outside both clocks.  env steps are agent steps (4 frames each).
                                      [--variants fp32,fp32-async,bf16,bf16-async]
                                      [--warmup-steps 5000] [--steps 20000] [--json OUT]
     python bench/bench_paac_atari.py --quick     # smoke run: -n 4, 1,650 + 3,300 steps
+    python bench/bench_paac_atari.py --nps 4 --variants bf16-async --ceiling
+
+Ceiling.  --ceiling also measures, in the same run, what the machine's cores allow:
+PAAC's costs per env step (the emulator and its preprocessing, the batched act, the
+round's gradient and step; `bench/profile_onpolicy.py --algo paac`, at each row's
+precision, environment count and CNN), by one process alone and by one per core at
+once.  The ceiling is the loaded cores' summed 1 / (env + act + update); each row of
+ours is printed as a fraction of it (issue 37's goal: 90% at the default layout).
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ from to_target import PEER_PYTHON, ROOT, peer_available, run_peer_script, tail
 
 GOAL = 3.0          # pal_hpc at -n 4 at least this many times SB3's env steps/s
 GOAL_NP = 4
+CEILING_GOAL = 0.9  # of the ceiling, at the default layout (-n 4)
 VARIANTS = {"fp32": [], "fp32-async": ["--async-update"], "bf16": ["--precision", "bf16"],
             "bf16-async": ["--precision", "bf16", "--async-update"]}
 
@@ -120,6 +129,40 @@ def run_peer(num_envs: int, args) -> dict:
         "--steps", str(args.steps)], args.timeout)
 
 
+def precision(variant: str) -> str:
+    return "bf16" if variant.startswith("bf16") else "fp32"
+
+
+def measure_ceilings(args, envs: dict[int, int], variants: list[str]) -> dict:
+    """{(envs, precision): bench/profile_onpolicy.py's ceiling} for every pair the rows
+    use, measured now (after the runs, on an otherwise idle machine)."""
+    from profile_onpolicy import ceiling
+
+    out = {}
+    for e in sorted(set(envs.values())):
+        for p in sorted({precision(v) for v in variants}):
+            print(f"  ceiling: PAAC's per-step costs, {e} envs, {p} ...", flush=True)
+            out[(e, p)] = ceiling(args.env, [p], rounds=3, env_steps=3000,
+                                  cores=os.cpu_count() or 1, num_envs=e, algo="paac",
+                                  flags=("--cnn", args.cnn))
+    return out
+
+
+def ceiling_column(o: dict | None, c: dict | None, fractions: dict, key) -> str:
+    if not o or not c:
+        return ""
+    p = next(k for k in ("fp32", "bf16") if k in c)
+    cap = c[p]["ceiling_loaded"]
+    fractions[key] = o["env_steps_per_s"] / cap
+    return f"  {fractions[key]:4.0%} of {cap:,.0f}"
+
+
+def report_ceiling(c: dict) -> str:
+    from profile_onpolicy import report
+
+    return report(c)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,6 +182,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
     ap.add_argument("--no-peer", action="store_true", help="skip Stable-Baselines3")
     ap.add_argument("--quick", action="store_true", help="smoke run: -n 4, few steps")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also measure the machine's ceiling for these runs (both "
+                         "cores loaded; bench/profile_onpolicy.py) and print each rate's "
+                         "fraction of it")
     ap.add_argument("--json", type=Path, help="also write every run's record here")
     args = ap.parse_args()
     if args.quick:
@@ -191,12 +238,14 @@ def main() -> int:
                     print(f"  ({errors[-1]})", file=sys.stderr, flush=True)
                     ours[key] = None
 
+    ceilings = measure_ceilings(args, envs, variants) if args.ceiling else {}
     print(f"\nPAAC vs SB3 A2C {args.env}, {args.cnn} CNN, env steps/s (4 frames each) of "
           f"the whole training loop")
     print(f"  {'config':<24}{'envs':>6}{'pal_hpc':>10}{'SB3 A2C':>10}{'ours/SB3':>10}"
-          f"{'master busy':>13}{'workers busy':>14}")
+          f"{'master busy':>13}{'workers busy':>14}"
+          + (f"  {'of the ' + str(os.cpu_count()) + '-core ceiling'}" if ceilings else ""))
     show = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
-    ratios = {}
+    ratios, fractions = {}, {}
     for (n, pr), o in ours.items():
         p = peers.get(envs[n])
         r = (o["env_steps_per_s"] / p["env_steps_per_s"]) if o and p else None
@@ -207,7 +256,10 @@ def main() -> int:
               f"{show(p and p['env_steps_per_s'], '.1f'):>10}"
               f"{show(r, '.2f') + ('x' if r else ''):>10}"
               f"{show(busy.get('busy'), '.0%'):>13}"
-              f"{show((o or {}).get('env_worker_busy'), '.0%'):>14}")
+              f"{show((o or {}).get('env_worker_busy'), '.0%'):>14}"
+              + ceiling_column(o, ceilings.get((envs[n], precision(pr))), fractions, (n, pr)))
+    for (e, p), c in ceilings.items():
+        print(report_ceiling(c))
     met = {}
     for pr in variants:
         r = ratios.get((GOAL_NP, pr))
@@ -215,6 +267,10 @@ def main() -> int:
             met[pr] = r >= GOAL
             print(f"goal, -n {GOAL_NP} {pr} vs SB3 A2C with as many environments: >= "
                   f"{GOAL:g}x env steps/s ({r:.2f}x): {'MET' if met[pr] else 'NOT MET'}")
+        f = fractions.get((GOAL_NP, pr))
+        if f is not None:
+            print(f"goal, -n {GOAL_NP} {pr}: >= {CEILING_GOAL:.0%} of the {os.cpu_count()}-core "
+                  f"ceiling ({f:.0%}): {'MET' if f >= CEILING_GOAL else 'NOT MET'}")
     if errors:
         print(f"{len(errors)} run(s) failed (see stderr)")
     if args.json:
@@ -226,6 +282,8 @@ def main() -> int:
             "ours": {f"{n} {pr}": o for (n, pr), o in ours.items()},
             "sb3": {str(e): p for e, p in peers.items()},
             "ratios_ours_over_sb3": {f"{n} {pr}": r for (n, pr), r in ratios.items()},
+            "ceilings": {f"{e} {p}": c for (e, p), c in ceilings.items()},
+            "fractions_of_ceiling": {f"{n} {pr}": f for (n, pr), f in fractions.items()},
             "goal_met": met, "errors": errors}, indent=1))
     return 0
 

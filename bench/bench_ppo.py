@@ -35,7 +35,7 @@ on one node's ranks), or `Ns`: N data-parallel masters (--ranks-per-node 1), the
 family's envs split over them (--num-envs E/N: `2s` on Atari is two learners of 4 envs
 each, CleanRL's 8 in all); `/bf16` after an entry runs it with --precision bf16
 (`--nps 1,2s,2s/bf16`).  --pal-flags "..." appends flags to every run of ours.
---ceiling measures the machine's ceiling in the same run (bench/profile_ppo.py: the
+--ceiling measures the machine's ceiling in the same run (bench/profile_onpolicy.py: the
 env step, the act and the update per env step, by one process alone and by one per
 core at once) and prints each of our rates as a fraction of it.
 
@@ -194,9 +194,9 @@ def precision_of(cfg: tuple[int, list[str]], args) -> str:
 
 
 def measure_ceiling(args, ours: dict) -> dict:
-    """bench/profile_ppo.py's ceiling for args.env at the precisions our rows use, with
+    """bench/profile_onpolicy.py's ceiling for args.env at the precisions our rows use, with
     every core loaded (measured now, between the runs)."""
-    from profile_ppo import ceiling
+    from profile_onpolicy import ceiling
 
     precisions = sorted({precision_of(c, args) for c in ours.values()})
     print(f"  ceiling: measuring PPO's per-step costs ({', '.join(precisions)}) ...",
@@ -206,7 +206,7 @@ def measure_ceiling(args, ours: dict) -> dict:
 
 
 def report_ceiling(ceil: dict) -> str:
-    from profile_ppo import report
+    from profile_onpolicy import report
 
     return report(ceil)
 
@@ -245,7 +245,7 @@ def main() -> int:
                     help="throughput runs per side, interleaved; the median is printed")
     ap.add_argument("--ceiling", action="store_true",
                     help="also measure the machine's ceiling for PPO on this env "
-                         "(bench/profile_ppo.py: both sides' per-step costs, all cores "
+                         "(bench/profile_onpolicy.py: both sides' per-step costs, all cores "
                          "loaded) and print each of our rates as a fraction of it")
     ap.add_argument("--quick", action="store_true", help="2 seeds, 100k steps")
     ap.add_argument("--json", type=Path)
