@@ -90,11 +90,11 @@ class Config:
                                     "steps them all")
 
     # Evaluation.
-    eval_every: int = _f(5_000, "global env steps between greedy evaluations (0 = only at "
-                                "the end)")
+    eval_every: int = _f(5_000, "global env steps between greedy evaluations (0 = only at the end)")
     eval_episodes: int = _f(10, "episodes per greedy evaluation")
-    target_return: float | None = _f(None, "stop once the greedy evaluation mean return "
-                                           "reaches this (none = never)")
+    eval_max_steps: int = _f(27_000, "cut an evaluation episode after this many env steps, "
+                                     "scored so far (0 = never; docs/minatar.md)")
+    target_return: float | None = _f(None, "stop once the greedy evaluation mean return reaches this (none = never)")
 
     # Acting and replay.
     envs_per_actor: int = _f(4, "environments each actor rank steps as one batch")
@@ -226,7 +226,7 @@ class Config:
         for name in ("total_steps", "eval_episodes", "envs_per_actor", "batch_size", "n_step", "publish_every", "torch_threads",
                      "keep_checkpoints", "round_steps", "round_updates"):
             req(name, getattr(self, name) >= 1, "must be >= 1")
-        for name in ("seed", "ranks_per_node", "eval_every", "learning_starts",
+        for name in ("seed", "ranks_per_node", "eval_every", "eval_max_steps", "learning_starts",
                      "replay_capacity"):
             req(name, getattr(self, name) >= 0, "must be >= 0")
         # Every check is phrased as "ok if ...", so NaN fails them all.

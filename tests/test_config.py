@@ -53,7 +53,8 @@ def test_every_field_is_documented():
     ("total_steps", 0), ("wall_time", -1.0), ("seed", -1), ("ranks_per_node", -2),
     ("actors_per_node", -1.0), ("actors_per_node", 1.5), ("actors_per_node", 1.0 + 1e-9),
     ("learners_per_node", 2.5), ("learners_per_node", float("nan")),
-    ("eval_every", -1), ("eval_episodes", 0), ("target_return", float("inf")),
+    ("eval_every", -1), ("eval_episodes", 0), ("eval_max_steps", -1),
+    ("target_return", float("inf")),
     ("envs_per_actor", 0), ("replay_capacity", -1),   # 0 = auto
     ("replay_capacity", 32),  # < batch_size
     ("batch_size", 0), ("learning_starts", -1), ("learning_starts", 200_000),

@@ -209,3 +209,30 @@ def test_the_lockstep_runtime_trains_on_a_minatar_game(tmp_path, algo):
     with h5py.File(list_checkpoints(run_dir)[-1], "r") as f:
         cfg = json.loads(f.attrs["config"])
     assert cfg[algo]["cnn"] == "minatar"
+
+
+class _StayPut:
+    """A deterministic policy that always takes action 0 (no-op): in Seaquest the sub
+    then idles at the surface, and the game never ends."""
+
+    def act(self, obs, rng, eps, deterministic=False):
+        return np.zeros(len(obs), np.int64)
+
+
+def test_an_evaluation_that_would_never_end_is_cut_at_eval_max_steps(capsys, monkeypatch):
+    from pal_hpc.config import Config
+    from pal_hpc.runtime import evaluation
+
+    monkeypatch.setattr(evaluation, "_cut_reported", False)    # said once a process
+
+    env = make_env("MinAtar/Seaquest-v1", seed=0)       # the game really never ends
+    env.reset(seed=0)
+    for _ in range(5_000):
+        _, _, terminated, truncated, _ = env.step(0)
+        assert not (terminated or truncated)
+    cfg = Config(env="MinAtar/Seaquest-v1", eval_max_steps=400)
+    returns = evaluation.evaluate(cfg, _StayPut(), 3, seed=11)      # returned: not a hang
+    assert returns.shape == (3,) and np.all(returns == 0)
+    out = capsys.readouterr().out
+    assert "3 of 3 episodes of MinAtar/Seaquest-v1" in out and "eval_max_steps=400" in out
+    assert Config().eval_max_steps == 27_000           # Atari's 108,000 frames
