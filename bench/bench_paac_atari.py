@@ -157,12 +157,6 @@ def ceiling_column(o: dict | None, c: dict | None, fractions: dict, key) -> str:
     return f"  {fractions[key]:4.0%} of {cap:,.0f}"
 
 
-def report_ceiling(c: dict) -> str:
-    from profile_onpolicy import report
-
-    return report(c)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -258,8 +252,10 @@ def main() -> int:
               f"{show(busy.get('busy'), '.0%'):>13}"
               f"{show((o or {}).get('env_worker_busy'), '.0%'):>14}"
               + ceiling_column(o, ceilings.get((envs[n], precision(pr))), fractions, (n, pr)))
-    for (e, p), c in ceilings.items():
-        print(report_ceiling(c))
+    if ceilings:
+        from profile_onpolicy import report
+        for c in ceilings.values():
+            print(report(c))
     met = {}
     for pr in variants:
         r = ratios.get((GOAL_NP, pr))

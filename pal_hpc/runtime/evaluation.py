@@ -21,7 +21,7 @@ def evaluate(cfg, policy, episodes: int, seed: int) -> np.ndarray:
     the rewards it has; the first evaluation that cuts one says so (MinAtar's games
     have no time limit, and a greedy policy may never end one)."""
     global _cut_reported
-    cap = int(getattr(cfg, "eval_max_steps", 0) or 0)
+    cap = cfg.eval_max_steps
     envs = [make_env(cfg.env, seed + i) for i in range(episodes)]
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     returns = np.zeros(episodes)
