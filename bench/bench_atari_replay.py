@@ -93,7 +93,7 @@ def peer_rows(names, cap, reps, cache, mem_gb):
             rows.append(run_peer_script("peer_atari_replay.py",
                                         [peer, "--capacity", str(cap), "--reps", str(reps),
                                          "--frames", str(cache), "--mem-gb", str(mem_gb)],
-                                        timeout=3600))
+                                        timeout=3600, python=PEER_PYTHON))
         except Exception as exc:  # noqa: BLE001 - a failed peer is reported, the rest run
             print(f"peer {peer} failed: {exc}", flush=True)
     return rows

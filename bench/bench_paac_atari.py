@@ -64,7 +64,7 @@ import h5py
 import numpy as np
 
 from pal_hpc.cluster.launch import mpi_env, pal_main
-from to_target import PEER_PYTHON, ROOT, peer_available, run_peer_script, tail
+from to_target import ROOT, peer_available, run_peer_script, tail
 
 GOAL = 3.0          # pal_hpc at -n 4 at least this many times SB3's env steps/s
 GOAL_NP = 4
@@ -202,8 +202,8 @@ def main() -> int:
         print(f"peer: Stable-Baselines3 {sb3} A2C, SubprocVecEnv, same wrappers and CNN "
               f"(bench/peer_sb3_a2c.py)", flush=True)
     elif not args.no_peer:
-        print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
-              f"stable_baselines3; install it with `make bench-peers`", flush=True)
+        print("peer: none -- neither .venv-peers nor .venv has stable_baselines3; "
+              "install it with `make bench-peers`", flush=True)
 
     ours: dict[tuple[int, str], dict | None] = {}
     peers: dict[int, dict | None] = {}

@@ -63,7 +63,7 @@ from pathlib import Path
 
 from pal_hpc.algos.ppo.config import env_family
 from pal_hpc.cluster.launch import mpi_env, pal_main
-from to_target import ROOT, fmt, ratio, reached, run_seeds, tail
+from to_target import ROOT, fmt, ratio, reached, run_seeds, sb3_python, tail
 
 TIME_KEY = "time_to_target_excl_eval_s"
 PEER = "sb3-ppo"
@@ -87,16 +87,6 @@ NUM_ENVS = {"discrete": 4, "continuous": 1, "atari": 8}
 # preprocessing, the game of CleanRL's published numbers); other ids go as given.
 CLEANRL_ENV_IDS = {"ALE/Pong-v5": "PongNoFrameskip-v4",
                    "ALE/Breakout-v5": "BreakoutNoFrameskip-v4"}
-
-
-def peer_python() -> Path | None:
-    """.venv-peers' python when it has stable_baselines3, else .venv's, else None."""
-    for venv in (".venv-peers", ".venv"):
-        py = ROOT / venv / "bin" / "python"
-        if py.exists() and subprocess.run([str(py), "-c", "import stable_baselines3"],
-                                          capture_output=True, timeout=120).returncode == 0:
-            return py
-    return None
 
 
 def run_peer(py: Path, args: list[str], timeout: float) -> dict:
@@ -280,7 +270,7 @@ def main() -> int:
     if args.quick:
         args.seeds, args.total_steps, args.throughput_steps = 2, 100_000, 50_000
     seeds = list(range(args.seeds))
-    py = None if args.no_peer else peer_python()
+    py = None if args.no_peer else sb3_python()
     print(f"PPO {args.env}, CleanRL's {script} settings on every side: " + (
           f"throughput only, {args.throughput_steps:,} env steps" if args.throughput_only
           else f"time to a greedy mean of {args.target:g} excluding evaluation (every "

@@ -1,10 +1,11 @@
 """What the time-to-target benchmarks share (bench_train.py: DQN; bench_continuous.py:
-TD3/SAC; bench_paac.py: PAAC): running the SB3 peer in .venv-peers, the seed loop, and
+TD3/SAC; bench_paac.py: PAAC): running the SB3 peer (.venv-peers', else .venv's), the seed loop, and
 reading and printing times to a target where a run that did not get there counts as
 +infinity."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -21,14 +22,28 @@ def tail(text: str, n: int = 1500) -> str:
     return text[-n:].strip()
 
 
+@functools.cache
+def sb3_python() -> Path | None:
+    """The python Stable-Baselines3 peers run in: .venv-peers' (`make bench-peers`) when
+    it has stable_baselines3, else .venv's (`make install` puts SB3 there for
+    pal_hpc.integrations' tests), else None."""
+    for py in (PEER_PYTHON, ROOT / ".venv" / "bin" / "python"):
+        if py.exists() and subprocess.run([str(py), "-c", "import stable_baselines3"],
+                                          capture_output=True, timeout=120).returncode == 0:
+            return py
+    return None
+
+
 def peer_available() -> str | None:
-    """SB3's version in .venv-peers, or None when it cannot be used."""
-    if not PEER_PYTHON.exists():
+    """SB3's version in `sb3_python()`, or None when there is none to use."""
+    py = sb3_python()
+    if py is None:
         return None
-    out = subprocess.run([str(PEER_PYTHON), "-c",
-                          "import stable_baselines3 as s; print(s.__version__)"],
+    out = subprocess.run([str(py), "-c", "import stable_baselines3 as s; print(s.__version__)"],
                          capture_output=True, text=True, timeout=120)
-    return out.stdout.strip() if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    return f"{out.stdout.strip()} ({py.parent.parent.name})"
 
 
 def peer_banner(sb3: str | None, no_peer: bool, what: str) -> None:
@@ -37,8 +52,8 @@ def peer_banner(sb3: str | None, no_peer: bool, what: str) -> None:
     if sb3:
         print(f"peer: Stable-Baselines3 {sb3} {what}", flush=True)
     elif not no_peer:
-        print(f"peer: none -- {PEER_PYTHON.relative_to(ROOT)} is missing or lacks "
-              f"stable_baselines3; install it with `make bench-peers`", flush=True)
+        print("peer: none -- neither .venv-peers nor .venv has stable_baselines3; "
+              "install it with `make bench-peers`", flush=True)
 
 
 def run_seeds(configs: list[str], seeds: list[int], run_one: Callable[[str, int], dict],
@@ -69,10 +84,12 @@ def run_seeds(configs: list[str], seeds: list[int], run_one: Callable[[str, int]
     return records
 
 
-def run_peer_script(script: str, args: list[str], timeout: float) -> dict:
-    """Run bench/<script> in the peer venv (one torch/OpenMP thread); its last stdout
-    line is the JSON result."""
-    cmd = [str(PEER_PYTHON), str(ROOT / "bench" / script), *args]
+def run_peer_script(script: str, args: list[str], timeout: float,
+                    python: Path | None = None) -> dict:
+    """Run bench/<script> in `python` (default: SB3's, `sb3_python()`) with one
+    torch/OpenMP thread; its last stdout line is the JSON result."""
+    py = python or sb3_python() or PEER_PYTHON
+    cmd = [str(py), str(ROOT / "bench" / script), *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                          env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
     lines = out.stdout.strip().splitlines()

@@ -328,6 +328,52 @@ def test_bf16_acts_and_learns_where_fp32_does():
         PPOConfig(precision="fp16").validate()
 
 
+
+@pytest.mark.parametrize("torso", ["minatar-shared", "minatar-separate", "mlp"])
+def test_bf16_acting_copy_is_autocast_bit_for_bit_after_every_kind_of_write(torso):
+    """bf16 acting runs a bf16 copy of the torsos (nets.Bf16Acting), not autocast's
+    per-call casts: its logits and values equal autocast's forward bit for bit, at the
+    start and after each write to the parameters (an optimizer step, set_flat_params,
+    load_state_dict: each says so); PAAC's bf16 acting too."""
+    from pal_hpc.algos.paac import PAAC, PAACConfig
+
+    if torso == "mlp":
+        space, act = OBS, DISCRETE
+        obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+        cfg = PPOConfig(hidden=[16], precision="bf16")
+    else:
+        space, act = gym.spaces.Box(0, 255, (4, 10, 10), np.uint8), gym.spaces.Discrete(3)
+        obs = np.random.default_rng(0).integers(0, 256, (5, *space.shape), dtype=np.uint8)
+        cfg = PPOConfig(cnn="minatar", precision="bf16",
+                        shared_torso=torso == "minatar-shared")
+    algo, other = PPO(space, act, cfg, seed=1), PPO(space, act, cfg, seed=7)
+
+    def check():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            want = algo.net(algo._obs(obs))
+        got = algo._heads(obs)
+        for w, g in zip(want, got):
+            assert np.array_equal(w.numpy(), g)
+
+    check()
+    rng = np.random.default_rng(3)
+    algo.apply_gradients("ppo", rng.normal(size=algo.num_params).astype(np.float32))
+    check()
+    algo.set_flat_params(other.get_flat_params())
+    check()
+    algo.apply_gradients("ppo", rng.normal(size=algo.num_params).astype(np.float32))
+    algo.load_state_dict(other.state_dict())
+    check()
+    if torso != "mlp":
+        paac = PAAC(space, gym.spaces.Discrete(3), PAACConfig(cnn="minatar", precision="bf16"))
+        paac.apply_gradients("ac", rng.normal(size=paac.num_params).astype(np.float32))
+        x = paac._obs(obs)
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            want = paac.net.logits(x)
+        with torch.inference_mode():
+            assert torch.equal(paac._bf16().logits(x), want)
+
+
 # ---- configuration ------------------------------------------------------------------------
 
 def test_defaults_per_family_and_the_zoo_preset():

@@ -41,6 +41,17 @@ class OnPolicyAlgorithm(OnePhaseAlgorithm):
     on_policy = True
     metrics_every: ClassVar[int] = 10     # a learner row every k-th update
     update_sums: ClassVar[int] = 0        # floats each step adds to its Allreduce
+    _bf16 = None                          # a nets.Bf16Acting where acting runs in bf16
+
+    def params_written(self) -> None:
+        """The parameters changed (an update's step, a load): the bf16 acting copy, if
+        any, is cast again before the next act."""
+        if self._bf16 is not None:
+            self._bf16.written()
+
+    def set_flat_params(self, flat: np.ndarray) -> None:
+        super().set_flat_params(flat)
+        self.params_written()
 
     @classmethod
     def rollout_steps(cls, config) -> int:

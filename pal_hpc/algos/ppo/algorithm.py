@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pal_hpc.algos.nets import FlatParams, autocast, is_image, seeded
+from pal_hpc.algos.nets import Bf16Acting, FlatParams, is_image, seeded
 from pal_hpc.algos.onpolicy import OnPolicyAlgorithm
 from pal_hpc.algos.optim import FlatAdam
 from pal_hpc.algos.ppo import config as C
@@ -69,6 +69,7 @@ class PPO(C.PPOSpec, OnPolicyAlgorithm):
         self._params = FlatParams([self.net], self.device)
         self._flat, self._flat_grad = self._params.flat, self._params.grad
         self.optimizer = FlatAdam(self._flat, lr=config.lr, eps=config.adam_eps)
+        self._bf16 = Bf16Acting(self.net) if not fp32 else None
         self.obs_norm = RunningMoments(obs_space.shape) if config.norm_obs else None
         self.ret_norm = RunningMoments(()) if config.norm_reward else None
         self._ret_carry = None           # per env discounted return (reward scaling)
@@ -115,8 +116,9 @@ class PPO(C.PPOSpec, OnPolicyAlgorithm):
             if self.obs_norm is not None:
                 obs = self.obs_norm.normalize(obs, self.config.norm_clip)
             return self._np(obs)
-        with torch.inference_mode(), autocast(self.device, self.config.precision):
-            out, value = self.net(self._obs(obs))
+        with torch.inference_mode():
+            net = self.net if self._bf16 is None else self._bf16()
+            out, value = net(self._obs(obs))
         return out.cpu().numpy(), value.cpu().numpy()
 
     def rollout_act(self, obs, rng):
@@ -286,6 +288,7 @@ class PPO(C.PPOSpec, OnPolicyAlgorithm):
         if self.config.max_grad_norm > 0:
             self._flat_grad.mul_(torch.clamp(self.config.max_grad_norm / (norm + 1e-6), max=1.0))
         self.optimizer.step(self._flat_grad)
+        self.params_written()
         self._grad_norm = float(norm)
 
     def after_step(self, sums: np.ndarray) -> None:
@@ -325,6 +328,7 @@ class PPO(C.PPOSpec, OnPolicyAlgorithm):
 
     def load_state_dict(self, state: dict) -> None:
         self.net.load_state_dict(state["net"])
+        self.params_written()
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
         self.progress, self.lr_progress = float(state["progress"]), float(state["lr_progress"])
