@@ -4,13 +4,15 @@ Times the calls Learner.step makes -- replay.sample, then for each update phase
 compute_gradients (into a send buffer, metrics off as on 9 of 10 updates) and
 apply_gradients (target updates included), and replay.update_priorities after the
 phase that returns priorities -- on a replay shaped like CartPole's (DQN) or
-Pendulum's (DDPG, TD3, SAC), or of Atari frames (`--image`: DQN's Nature CNN), one
-torch thread, denormals flushed as in the runtime.  `--precision both` runs fp32 and
+Pendulum's (DDPG, TD3, SAC), of Atari frames (`--image`: DQN's Nature CNN), or of a
+MinAtar game's frames (`--minatar Breakout`: DQN at `--minatar-preset paper`, batch 32,
+centered RMSProp, the MinAtar network), one torch thread, denormals flushed as in the runtime.  `--precision both` runs fp32 and
 bf16 on the same batches and prints the ratio.  A profiling aid for the learner's
 step cost, not a comparison with a peer (bench_train.py is that, end to end).
 
     python bench/profile_learner.py [--algo dqn|ddpg|td3|sac] [--batch N] [--hidden ...]
-        [--precision fp32|bf16|both] [--image] [--device cpu|cuda] [--iters 2000]
+        [--precision fp32|bf16|both] [--image | --minatar GAME] [--device cpu|cuda]
+        [--iters 2000]
 
 Batch and widths default to the algorithm's run defaults (DQN 64 and [256, 256],
 TD3/DDPG 256 and [400, 300], SAC 256 and [256, 256]).
@@ -34,13 +36,18 @@ from pal_hpc.runtime.nstep import transition_spec
 FRAMES = (4, 84, 84)
 
 
-def make_replay(algo_name: str, image: bool, n: int, rng: np.random.Generator):
-    """A replay of n random transitions and the spaces they come from."""
+def make_replay(algo_name: str, image: bool, n: int, rng: np.random.Generator,
+                frames: gym.Space | None = None, n_actions: int = 6):
+    """A replay of n random transitions and the spaces they come from (`frames`: DQN
+    on that uint8 frame space, with `n_actions`)."""
+    if frames is not None:
+        image = True
     if algo_name == "dqn":
-        shape = FRAMES if image else (4,)
+        shape = frames.shape if frames is not None else FRAMES if image else (4,)
         obs_space = (gym.spaces.Box(0, 255, shape, np.uint8) if image
                      else gym.spaces.Box(-np.inf, np.inf, shape, np.float32))
-        act_space, act_shape, act_dtype = gym.spaces.Discrete(6 if image else 2), (), np.int64
+        act_space = gym.spaces.Discrete(n_actions if image else 2)
+        act_shape, act_dtype = (), np.int64
         action = rng.integers(0, act_space.n, n)
     else:
         shape = (3,)
@@ -102,6 +109,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, nargs="+", default=None)
     ap.add_argument("--precision", choices=("fp32", "bf16", "both"), default="fp32")
     ap.add_argument("--image", action="store_true", help="DQN on 4x84x84 frames (Nature CNN)")
+    ap.add_argument("--minatar", metavar="GAME", default=None,
+                    help="DQN on MinAtar/GAME-v1's frames at --minatar-preset paper")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1)
@@ -111,16 +120,29 @@ def main() -> None:
     torch.set_flush_denormal(True)
     Algo = ALGOS[args.algo]
     batch = args.batch or Config(algo=args.algo, **Algo.run_defaults).batch_size
-    rb, obs_space, act_space = make_replay(args.algo, args.image,
-                                           2_000 if args.image else 50_000,
-                                           np.random.default_rng(0))
+    base = Algo.Config()
+    frames, n_actions = None, 6
+    if args.minatar:
+        if args.algo != "dqn" or args.image:
+            ap.error("--minatar profiles DQN (--algo dqn), without --image")
+        from pal_hpc.config_io import load_config
+        from pal_hpc.envs import make_env
+        env_id = f"MinAtar/{args.minatar}-v1"
+        run = load_config(["--algo", "dqn", "--env", env_id])
+        env = make_env(env_id, 0)
+        frames, n_actions = env.observation_space, int(env.action_space.n)
+        env.close()
+        base, batch = run.algo_config, args.batch or run.batch_size
+    image = args.image or frames is not None
+    rb, obs_space, act_space = make_replay(args.algo, args.image, 2_000 if image else 50_000,
+                                           np.random.default_rng(0), frames, n_actions)
     precisions = ("fp32", "bf16") if args.precision == "both" else (args.precision,)
     algos = {}
     for precision in precisions:
         over = {"precision": precision}
         if args.hidden:
             over["hidden"] = args.hidden
-        cfg = dataclasses.replace(Algo.Config(), **over)
+        cfg = dataclasses.replace(base, **over)
         algos[precision] = Algo(obs_space, act_space, cfg, device=args.device)
     # The precisions take turns, `--rounds` times, and each keeps its fastest round: on
     # a shared machine the load changes between rounds, not between neighbours.
@@ -136,7 +158,9 @@ def main() -> None:
         cfg = algos[precision].config
         n = getattr(algos[precision], "num_params", 0)
         print(f"{args.algo} learner update, {precision}, batch {batch}, hidden {cfg.hidden}"
-              f"{', Nature CNN' if args.image else ''}, {args.device}, "
+              f"{', Nature CNN' if args.image else ''}"
+              f"{f', MinAtar {args.minatar} {frames.shape}' if frames is not None else ''}, "
+              f"{args.device}, "
               f"{args.threads} thread(s), best of {args.rounds} rounds of "
               f"{max(1, args.iters // args.rounds)} updates" + (f", {n:,} parameters" if n else ""))
         for k, v in parts.items():
