@@ -6,8 +6,9 @@ apply_gradients (target updates included), and replay.update_priorities after th
 phase that returns priorities -- on a replay shaped like CartPole's (DQN) or
 Pendulum's (DDPG, TD3, SAC), of Atari frames (`--image`: DQN's Nature CNN), or of a
 MinAtar game's frames (`--minatar Breakout`: DQN at `--minatar-preset paper`, batch 32,
-centered RMSProp, the MinAtar network), one torch thread, denormals flushed as in the runtime.  `--precision both` runs fp32 and
-bf16 on the same batches and prints the ratio.  A profiling aid for the learner's
+centered RMSProp, the MinAtar network), one torch thread, denormals flushed as in the
+runtime.  `--precision both` runs fp32 and bf16 on the same batches and prints the
+ratio.  A profiling aid for the learner's
 step cost, not a comparison with a peer (bench_train.py is that, end to end).
 
     python bench/profile_learner.py [--algo dqn|ddpg|td3|sac] [--batch N] [--hidden ...]

@@ -1,7 +1,7 @@
 """What the time-to-target benchmarks share (bench_train.py: DQN; bench_continuous.py:
-TD3/SAC; bench_paac.py: PAAC): running the SB3 peer (.venv-peers', else .venv's), the seed loop, and
-reading and printing times to a target where a run that did not get there counts as
-+infinity."""
+TD3/SAC; bench_paac.py: PAAC): running the SB3 peer (in .venv-peers, else .venv), the
+seed loop, and reading and printing times to a target where a run that did not get
+there counts as +infinity."""
 
 from __future__ import annotations
 
