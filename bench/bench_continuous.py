@@ -50,7 +50,18 @@ over several learners side by side: `--nps 1,4,4/2`; Ns runs N solo ranks
 (`--ranks-per-node 1`: each rank a virtual node that acts into its own replay and
 learns, the N learners splitting the batch): `--nps 1,2,2s`.
 
-    python bench/bench_continuous.py [--seeds 5] [--nps 1,2,2s,4,4/2] [--algos td3,sac] [--pal-flags FLAGS] [--json OUT]
+Ceiling.  --ceiling also measures, in the same run, what the cores allow per update:
+our update on the whole batch (256 rows) and on a share of 2 learners (128), each by
+one process alone and by one per core at once (bench/profile_learner.py), and SB3's
+model.train() per gradient step (bench/profile_sb3.py).  From those: -n 1's learner
+alone, 2 learners splitting the batch on their own cores with a reduction that costs
+nothing (the ceiling of -n 2 solo and of 2 learners), and every core updating on the
+whole batch (the ceiling only a free split of one update could reach).  Each
+configuration's measured wall time per update (its runs' learner_profile) is printed
+as a fraction of its ceiling, which separates the layout's speed from the number of
+updates it needed to reach the target.
+
+    python bench/bench_continuous.py [--seeds 5] [--nps 1,2,2s,4,4/2] [--algos td3,sac] [--pal-flags FLAGS] [--ceiling] [--json OUT]
     python bench/bench_continuous.py --quick    # smoke run: 1 seed, -n 4, 20k steps
 """
 
@@ -67,12 +78,13 @@ import tempfile
 from pathlib import Path
 
 from pal_hpc.cluster.launch import mpi_env, pal_main
-from to_target import (ROOT, fmt, peer_available, peer_banner, ratio, reached,
+from to_target import (ROOT, fmt, peer_available, peer_banner, ratio, reached, sb3_python,
                        run_peer_script, run_seeds, tail)
 
 TIME_KEY = "time_to_target_excl_eval_s"
 # Flags that bring pal_hpc's defaults to the zoo's Pendulum-v1 entry (see the docstring).
 OURS_FLAGS = {"td3": [], "sac": ["--lr", "1e-3"]}
+BATCH = 256             # td3's and sac's batch here (their run defaults, the zoo's)
 GOAL_SPEEDUP = 3.0      # -n 4 at least this much faster than SB3 ...
 GOAL_STEPS = 1.2        # ... with at most this many times SB3's env steps to the target
 GOAL_NP = 4
@@ -159,8 +171,9 @@ def run_algo(algo: str, configs: list[str], seeds: list[int], args, tmp: Path,
         if cfg == peer:
             return run_peer(algo, seed, args)
         n, learners = parse_config(cfg)
-        return run_ours(algo, n, learners, seed, args,
-                        tmp / f"{algo}-np{n}-L{learners or 0}-seed{seed}")
+        # One run directory per configuration: "-n 2" and "-n 2 solo" must not meet.
+        name = cfg.removeprefix("pal_hpc ").replace(" ", "")
+        return run_ours(algo, n, learners, seed, args, tmp / f"{algo}{name}-seed{seed}")  # td3-n2solo-seed0
 
     return run_seeds(configs, seeds, run_one, TIME_KEY, errors, label=f"{algo} ", width=18)
 
@@ -236,6 +249,110 @@ def scaling_goals(algo: str, medians: dict, configs: list[str]) -> None:
               f"{GOAL_SCALING:g}x sooner (median over median) {verdict}")
 
 
+def profile_ours(algo: str, batch: int, copies: int, timeout: float = 600) -> list[float]:
+    """Seconds per update of `algo` on `batch` rows (bench/profile_learner.py, one torch
+    thread, best of 3 rounds), measured by `copies` processes at once: [each one's]."""
+    with tempfile.TemporaryDirectory(prefix="bench_continuous-ceiling-") as tmp:
+        outs = [Path(tmp) / f"{i}.json" for i in range(copies)]
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        procs = [subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "profile_learner.py"), "--algo", algo,
+             "--batch", str(batch), "--iters", "900", "--rounds", "3", "--json", str(o)],
+            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for o in outs]
+        for proc in procs:
+            _, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"profile_learner.py: exit {proc.returncode}: {tail(err)}")
+        return [json.loads(o.read_text())["fp32"]["total"] for o in outs]
+
+
+def profile_sb3(algo: str, timeout: float = 600) -> float | None:
+    """SB3's model.train() seconds per gradient step (bench/profile_sb3.py), or None
+    without SB3."""
+    py = sb3_python()
+    if py is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="bench_continuous-ceiling-") as tmp:
+        out = Path(tmp) / "sb3.json"
+        proc = subprocess.run([str(py), str(ROOT / "bench" / "profile_sb3.py"), "--algo", algo,
+                               "--rounds", "3", "--json", str(out)], cwd=ROOT, timeout=timeout,
+                              capture_output=True, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if proc.returncode != 0:
+            raise RuntimeError(f"profile_sb3.py: exit {proc.returncode}: {tail(proc.stderr)}")
+        return json.loads(out.read_text())["train_per_step_s"]
+
+
+def measure_ceiling(algo: str, with_peer: bool) -> dict:
+    """What the cores allow TD3/SAC per update, measured now: one learner's update on
+    the whole batch and on each of 2 learners' shares, by one process alone and by one
+    per core at once, and SB3's update.  See print_ceiling."""
+    cores = os.cpu_count() or 1
+    share = math.ceil(BATCH / 2)
+    print(f"  ceiling: {algo} per-update costs (profile_learner.py, {BATCH} and {share} "
+          f"rows, alone and {cores} at once{'; profile_sb3.py' if with_peer else ''}) ...",
+          flush=True)
+    c = {"batch": BATCH, "share": share, "cores": cores,
+         "full_solo": profile_ours(algo, BATCH, 1)[0],
+         "share_solo": profile_ours(algo, share, 1)[0],
+         "full_loaded": profile_ours(algo, BATCH, cores),
+         "share_loaded": profile_ours(algo, share, min(2, cores)),
+         "sb3_train": profile_sb3(algo) if with_peer else None}
+    c["rate_one"] = 1 / c["full_solo"]                    # -n 1's learner, alone
+    # Two learners splitting the batch, each on a core at its loaded cost, the reduction
+    # free: the most updates/s the -n 2 layouts (solo or 2 learners) can give.
+    c["rate_split"] = 1 / statistics.mean(c["share_loaded"])
+    # Every core updating on the whole batch: what the cores give if an update split
+    # into equal parts at no cost at all (the issue's "2x" ceiling).
+    c["rate_cores"] = sum(1 / t for t in c["full_loaded"])
+    return c
+
+
+def wall_per_update(rec: dict | None) -> float:
+    """A run's mean learner wall time per update (s; its summary's learner_profile),
+    +inf without one."""
+    profs = [p for p in (rec or {}).get("learner_profile") or [] if p.get("wall_per_update")]
+    return statistics.mean(p["wall_per_update"] for p in profs) / 1e3 if profs else math.inf
+
+
+def print_ceiling(algo: str, c: dict, records: dict, medians: dict, configs: list[str],
+                  seeds: list[int]) -> dict:
+    """The ceiling block: the measured costs, the most updates/s they allow, and each
+    configuration's measured updates/s (median of its runs' wall per update) as a
+    fraction of them."""
+    ms = lambda t: f"{t * 1e3:.2f}"  # noqa: E731
+    loaded = lambda ts: "/".join(ms(t) for t in ts)  # noqa: E731
+    print(f"\n{algo.upper()} ceiling (measured in this run; ms per update, one torch thread): "
+          f"{c['batch']} rows {ms(c['full_solo'])} alone, {loaded(c['full_loaded'])} with "
+          f"{c['cores']} at once; {c['share']} rows (a share of 2 learners) "
+          f"{ms(c['share_solo'])} alone, {loaded(c['share_loaded'])} at once"
+          + (f"; SB3 train() {ms(c['sb3_train'])}" if c["sb3_train"] else ""))
+    one = c["rate_one"]
+    print(f"  updates/s at most: -n 1 {one:.1f}; 2 learners of {c['share']} rows "
+          f"{c['rate_split']:.1f} ({c['rate_split'] / one:.2f}x -n 1, a free reduction); "
+          f"the cores' sum at {c['batch']} rows {c['rate_cores']:.1f} ({c['rate_cores'] / one:.2f}x, "
+          f"an update split at no cost)"
+          + (f"; SB3 {1 / c['sb3_train']:.1f}: the split's ceiling is "
+             f"{c['rate_split'] * c['sb3_train']:.2f}x SB3's rate" if c["sb3_train"] else ""))
+    out = {}
+    for cfg in (x for x in configs if x.startswith("pal_hpc")):
+        per = statistics.median(wall_per_update(records[cfg][s]) for s in seeds)
+        if math.isinf(per):
+            continue
+        n, learners = parse_config(cfg)
+        # The default split has 1 learner per 4 ranks: one learner up to -n 7.
+        count = n if learners == SOLO else learners or max(1, n // 4)
+        cap = (c["rate_one"] if n == 1 else 1 / statistics.mean(c["full_loaded"]) if count == 1
+               else c["rate_split"] if count == 2 else c["rate_cores"])
+        out[cfg] = {"wall_per_update_s": per, "fraction_of_ceiling": (1 / per) / cap}
+        print(f"  {cfg.replace('pal_hpc ', ''):<10} measured {ms(per)} ms a update "
+              f"(median of the runs' learner wall), {1 / per:.1f} updates/s: "
+              f"{(1 / per) / cap:.0%} of its ceiling ({cap:.1f}), {(1 / per) / one:.2f}x "
+              f"-n 1's ceiling")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5,
@@ -253,6 +370,10 @@ def main() -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip Stable-Baselines3")
     ap.add_argument("--pal-flags", default="", metavar="'FLAGS'",
                     help="extra flags for pal_hpc's runs, e.g. '--learners-per-node 2'")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also measure, in the same run, the per-update costs the cores allow "
+                         "(ours alone and one per core at once, whole batch and 2 learners' "
+                         "shares; SB3's) and print each configuration as a fraction of them")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 seed, -n 4 only, 20000 steps")
     ap.add_argument("--json", type=Path, help="also write every run's record to this file "
@@ -294,6 +415,10 @@ def main() -> int:
             records = run_algo(algo, configs, seeds, args, Path(tmp), errors)
             medians = summarize(records, configs, seeds)
             goal = print_tables(algo, medians, configs, seeds, args, bool(sb3))
+            ceiling = measured = None
+            if args.ceiling:
+                ceiling = measure_ceiling(algo, bool(sb3))
+                measured = print_ceiling(algo, ceiling, records, medians, configs, seeds)
             peer = peer_name(algo)
             out["algos"][algo] = {
                 "ours_flags": OURS_FLAGS[algo],
@@ -309,7 +434,7 @@ def main() -> int:
                                                         medians[c]["time"])
                                                  for c in configs if c != peer}
                                                 if sb3 else None),
-                "goal": goal}
+                "goal": goal, "ceiling": ceiling, "per_update": measured}
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(out, indent=1))

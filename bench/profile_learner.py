@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -116,6 +118,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; best kept")
+    ap.add_argument("--json", type=Path, help="also write {precision: {part: seconds per "
+                    "update, \"total\": ...}} here (bench_continuous.py --ceiling reads it)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -167,6 +171,9 @@ def main() -> None:
         for k, v in parts.items():
             print(f"  {k:<18} {v * 1e6:9.1f} us  {v / total:5.1%}")
         print(f"  {'total':<18} {total * 1e6:9.1f} us  = {1 / total:,.0f} updates/s")
+    if args.json:
+        args.json.write_text(json.dumps({p: {**parts, "total": totals[p]}
+                                         for p, parts in best.items()}))
     if len(totals) == 2:
         print(f"bf16 / fp32 time per update: {totals['bf16'] / totals['fp32']:.2f} "
               f"({'bf16 faster' if totals['bf16'] < totals['fp32'] else 'fp32 faster'})")

@@ -1,5 +1,6 @@
 """Where one Stable-Baselines3 DQN update's time goes (the peer side of
-bench/profile_learner.py): runs in .venv-peers (never in the project's .venv).
+bench/profile_learner.py): runs in the venv SB3 is in (.venv-peers, else .venv; see
+bench/to_target.sb3_python) and uses none of pal_hpc.
 
 SB3's DQN with rl-baselines3-zoo's CartPole-v1 settings (as bench/peer_sb3.py) fills
 its replay for --fill env steps, then (a) times model.train(gradient_steps=128,
@@ -22,7 +23,9 @@ gradient step, best of --rounds, and learn()'s wall per env step while it trains
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,7 +34,7 @@ from stable_baselines3 import DQN, SAC, TD3
 from stable_baselines3.common.noise import NormalActionNoise
 
 
-def continuous(algo: str, rounds: int) -> None:
+def continuous(algo: str, rounds: int, out: Path | None = None) -> None:
     """SB3 TD3/SAC on Pendulum-v1 (the zoo's settings): time per gradient step."""
     if algo == "td3":
         model = TD3("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, gamma=0.98,
@@ -56,6 +59,8 @@ def continuous(algo: str, rounds: int) -> None:
           f"{best * 1e3:6.2f} ms = {1 / best:,.0f} updates/s")
     print(f"  learn() wall per env step while training (one gradient step each): "
           f"{per_step * 1e3:6.2f} ms, of which collection {(per_step - best) * 1e3:.2f} ms")
+    if out is not None:
+        out.write_text(json.dumps({"train_per_step_s": best, "learn_per_env_step_s": per_step}))
 
 
 def main() -> None:
@@ -64,10 +69,12 @@ def main() -> None:
     ap.add_argument("--fill", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=5, help="train() calls of 128 steps")
     ap.add_argument("--algo", default="dqn", choices=("dqn", "td3", "sac"))
+    ap.add_argument("--json", type=Path, help="--algo td3|sac: also write the two figures "
+                    "here (bench_continuous.py --ceiling reads them)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.algo != "dqn":
-        continuous(args.algo, args.rounds)
+        continuous(args.algo, args.rounds, args.json)
         return
     model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64,
                 buffer_size=100_000, learning_starts=1000, gamma=0.99,
