@@ -122,45 +122,6 @@ def worker_group(nodeid: str) -> str:
     return WORKER_GROUPS.get(name, name)
 
 
-# The units go out longest first (a longest-processing-time schedule): handed out in
-# xdist's default order (most tests first) the main pass ended with one worker on
-# test_slurm_hosts.py for a minute while the other had finished 70 s of work sooner.
-# Seconds per unit and pass, summed from `pytest -n 2 -v --durations=0` on the 2-core
-# Zen 4 (2026-12-06: the main pass took 893 s, its units 881 + 811 s on the two
-# workers).  A unit not listed counts 0.5 s a test.  Stale figures only cost balance.
-UNIT_SECONDS = {
-    "main": {"test_resume_layout.py": 174, "test_faults_runs.py": 160, "slurm": 122,
-             "test_algos_run.py": 111, "test-hosts": 110, "test_paac.py": 104,
-             "test_master_share.py": 86, "test_resume_layout_onpolicy.py": 79,
-             "test_resume.py": 78, "test_train.py": 66, "test_slurm_hosts.py": 63,
-             "test_plan.py": 53, "test_collective_counts.py": 52, "test_faults_process.py": 44,
-             "test_sync_schedule.py": 42, "test_deadline.py": 39, "test_ppo.py": 37,
-             "test_minatar.py": 32, "test_mpi_replay.py": 31, "test_lockstep.py": 27,
-             "test_tensorboard.py": 25, "test_atari.py": 23, "test_analyze.py": 20,
-             "test_lockstep_agents.py": 16, "test_metrics_run.py": 12,
-             "test_learner_split.py": 11, "test_frame_atari.py": 11,
-             "test_loop_latency.py": 10},
-    "slow": {"slurm": 186, "test_sync_schedule.py": 185, "test_wheel.py": 130,
-             "test_resume_layout.py": 109, "test_resume_layout_frames.py": 64,
-             "test_faults_kill.py": 37, "test_frame_resume.py": 28, "test_td3.py": 19,
-             "test_paac.py": 14, "test_sac.py": 10},
-}
-
-
-@pytest.hookimpl(trylast=True)          # after -m has deselected what this pass skips
-def pytest_collection_modifyitems(config, items):
-    """Order the tests by their unit's expected seconds, longest first (a unit's tests
-    keep their order): xdist hands the units out in this order (see below)."""
-    counts: dict[tuple[str, str], int] = {}
-    for item in items:
-        key = (worker_group(item.nodeid), "slow" if item.get_closest_marker("slow") else "main")
-        counts[key] = counts.get(key, 0) + 1
-    weight: dict[str, float] = {}
-    for (unit, kind), n in counts.items():
-        weight[unit] = weight.get(unit, 0.0) + UNIT_SECONDS[kind].get(unit, 0.5 * n)
-    items.sort(key=lambda item: (-weight[worker_group(item.nodeid)], worker_group(item.nodeid)))
-
-
 @pytest.hookimpl(optionalhook=True)     # a hook of pytest-xdist's
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
@@ -169,7 +130,4 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid)
 
-    # The units in the collection's order (pytest_collection_modifyitems above), not
-    # re-sorted by their number of tests.
-    config.option.loadscopereorder = False
     return FileGroupScheduling(config, log)
