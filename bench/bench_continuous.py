@@ -171,9 +171,10 @@ def run_algo(algo: str, configs: list[str], seeds: list[int], args, tmp: Path,
         if cfg == peer:
             return run_peer(algo, seed, args)
         n, learners = parse_config(cfg)
-        # One run directory per configuration: "-n 2" and "-n 2 solo" must not meet.
+        # One run directory per configuration (td3-n2solo-seed0): "-n 2" and "-n 2
+        # solo" must not meet.
         name = cfg.removeprefix("pal_hpc ").replace(" ", "")
-        return run_ours(algo, n, learners, seed, args, tmp / f"{algo}{name}-seed{seed}")  # td3-n2solo-seed0
+        return run_ours(algo, n, learners, seed, args, tmp / f"{algo}{name}-seed{seed}")
 
     return run_seeds(configs, seeds, run_one, TIME_KEY, errors, label=f"{algo} ", width=18)
 
