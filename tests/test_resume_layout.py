@@ -38,10 +38,26 @@ def saved(request, tmp_path_factory):
     return algo, run_dir, main
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_a_checkpoint_resumes_on_another_layout(saved, layout, tmp_path):
+@pytest.fixture(scope="module")
+def dumps(saved, tmp_path_factory):
+    """`dumps(layout)`: the saved checkpoint resumed on `layout` (`dump`), each layout
+    made once per checkpoint: the 3x2 resume the layout test reads is also the first
+    of the two that must be identical."""
     algo, _, main = saved
-    job = dump(tmp_path / "dump", main, layout, FLAGS[algo])
+    made = {}
+
+    def get(layout):
+        if layout not in made:
+            made[layout] = dump(tmp_path_factory.mktemp(f"{algo}-{layout}") / "dump", main,
+                                layout, FLAGS[algo])
+        return made[layout]
+    return get
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_checkpoint_resumes_on_another_layout(saved, dumps, layout):
+    algo, _, main = saved
+    job = dumps(layout)
     rows = saved_plain_rows(main)
     room = sum(int(n["capacity"]) for n in job["node_files"])
     assert held(job) == newest(rows, room)
@@ -68,9 +84,9 @@ def test_a_checkpoint_resumes_on_another_layout(saved, layout, tmp_path):
         assert not set(filter(None, rngs)) & set(counters["np_rng"])
 
 
-def test_two_resumes_on_one_layout_are_identical(saved, tmp_path):
+def test_two_resumes_on_one_layout_are_identical(saved, dumps, tmp_path):
     algo, _, main = saved
-    a, b = (dump(tmp_path / name, main, "3x2", FLAGS[algo]) for name in ("a", "b"))
+    a, b = dumps("3x2"), dump(tmp_path / "b", main, "3x2", FLAGS[algo])
     assert [n["state_digest"] for n in a["node_files"]] == \
         [n["state_digest"] for n in b["node_files"]]
     assert a["ranks"] == b["ranks"]          # counters, RNG states, schedule
@@ -129,22 +145,22 @@ def test_bad_input_is_one_clear_error_and_changes_nothing(saved, case, tmp_path)
     assert after == before
 
 
-def test_saved_at_4_ranks_resumes_at_2_and_at_6_on_3_nodes(tmp_path):
-    """The default flags (a 20,000-row buffer per node): saved at -n 4 on 2 virtual
-    nodes, resumed at -n 2 and at -n 6 on 3 virtual nodes with --resume latest."""
-    first = tmp_path / "run"
-    proc = run(4, first, "--ranks-per-node", "2", "--total-steps", "3000")
+def test_saved_at_4_ranks_trains_on_at_6_on_3_nodes(tmp_path):
+    """The test flags' 20,000-row buffer per node: saved at -n 4 on 2 virtual nodes,
+    training goes on at -n 6 on 3 virtual nodes with --resume latest (onto more nodes;
+    onto fewer: test_training_continues_to_its_target_on_fewer_ranks and
+    test_sync_schedule_resumes_on_another_layout_reproducibly)."""
+    run_dir = tmp_path / "run"
+    proc = run(4, run_dir, "--ranks-per-node", "2", "--total-steps", "3000")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    digest = json.loads((first / "summary.json").read_text())["params_digest"]
-    for n, flags in ((2, []), (6, ["--ranks-per-node", "2"])):
-        run_dir = tmp_path / f"n{n}"
-        shutil.copytree(first, run_dir)
-        proc = run(n, run_dir, *flags, "--resume", "latest", "--total-steps", "4500")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["params_digest_at_start"] == digest
-        assert summary["nodes"] == (1 if n == 2 else 3) and summary["env_steps"] >= 4500
-        assert "resumed 2 nodes x 2 ranks" in proc.stdout, proc.stdout
+    digest = json.loads((run_dir / "summary.json").read_text())["params_digest"]
+    proc = run(6, run_dir, "--ranks-per-node", "2", "--resume", "latest",
+               "--total-steps", "4500")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["params_digest_at_start"] == digest
+    assert summary["nodes"] == 3 and summary["env_steps"] >= 4500
+    assert "resumed 2 nodes x 2 ranks" in proc.stdout, proc.stdout
 
 
 def test_sync_schedule_resumes_on_another_layout_reproducibly(tmp_path):

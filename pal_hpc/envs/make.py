@@ -67,11 +67,19 @@ def _register_minatar() -> None:
 def is_minatar(env_id: str) -> bool:
     """Whether `env_id` is a MinAtar game (MinAtar/Breakout-v1, ...); False for unknown
     ids and where the `minatar` package is not installed."""
+    if not _minatar_namespace(env_id):
+        return False
     _register_minatar()
     try:
         return gym.spec(env_id).entry_point == MINATAR_ENTRY_POINT
     except gym.error.Error:
         return False
+
+
+def _minatar_namespace(env_id: str) -> bool:
+    """Whether `env_id` is in MinAtar's namespace: only those ids import `minatar.gym`,
+    which imports matplotlib.pyplot (0.5 s of every rank's start-up otherwise)."""
+    return isinstance(env_id, str) and env_id.startswith("MinAtar/")
 
 
 def is_atari(env_id: str) -> bool:
@@ -101,7 +109,8 @@ def make_env(env_id: str, seed: int, *, atari_preprocessing: bool = True,
     at their defaults.  A Box action space is rescaled to [-1, 1]: every algorithm
     acts in that range.  Whether the spaces suit the algorithm is its `check_env`."""
     _register_ale()
-    _register_minatar()
+    if _minatar_namespace(env_id):
+        _register_minatar()
     options = {"noop_max": noop_max, "frame_skip": frame_skip, "screen_size": screen_size,
                "frame_stack": frame_stack, "terminal_on_life_loss": terminal_on_life_loss}
     try:
