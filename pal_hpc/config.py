@@ -266,16 +266,11 @@ class Config:
             "must be auto, all or an integer >= 0 (the environments a node's master steps)")
         check_per_node("actors_per_node", self.actors_per_node)
         check_per_node("learners_per_node", self.learners_per_node)
-        on_policy = getattr(Algo, "on_policy", False)
-        for name in ("actors_per_node", "learners_per_node"):
-            req(name, getattr(self, name) != AUTO or not on_policy,
-                f"auto plans actors and learners for the off-policy algorithms; --algo "
-                f"{self.algo} runs one master per node and makes the other ranks "
-                f"environment workers (leave it 0)")
-            # Here, not only in the on-policy runtime: before any rank imports torch.
-            req(name, getattr(self, name) in (AUTO, 0) or not on_policy,
-                f"--algo {self.algo} runs one master per node and makes the node's other "
-                f"ranks environment workers; leave it 0")
+        for name in ("actors_per_node", "learners_per_node"):  # before ranks import torch
+            req(name, getattr(self, name) == 0 or not getattr(Algo, "on_policy", False),
+                f"--algo {self.algo} runs one master per node and makes the other ranks "
+                f"environment workers (leave it 0; auto plans actors and learners for the "
+                f"off-policy algorithms)")
 
 
 def check_per_node(name: str, value: float | str) -> None:
