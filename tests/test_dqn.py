@@ -227,6 +227,30 @@ def test_policy_explores_with_its_actors_epsilon(actor, global_steps):
     assert explore_rate(policy, global_steps) == pytest.approx(eps * 3 / 4, abs=0.02)
 
 
+@pytest.mark.parametrize("fields", [{"hidden": [32]}, {"hidden": [16, 8], "dueling": True},
+                                    {"hidden": []}])
+def test_mlp_policies_act_through_numpy_as_through_torch(fields):
+    """An MLP policy takes its Q-values through numpy (NumpyQ): they are the torch
+    network's to float32 rounding, also after new weights arrive, and the actions
+    (greedy and epsilon-greedy, the same generator state) are torch's path's."""
+    dqn = make((3,), 4, seed=5, **fields)
+    policy = dqn.make_policy(0, 1)
+    assert policy._np_q is not None
+    rng = np.random.default_rng(2)
+    obs = rng.standard_normal((64, 3)).astype(np.float32)
+    for _ in range(2):
+        with torch.no_grad():
+            want = policy.q_net(torch.from_numpy(obs)).numpy()
+        np.testing.assert_allclose(policy._np_q(obs), want, rtol=1e-5, atol=1e-6)
+        g1, g2 = np.random.default_rng(9), np.random.default_rng(9)
+        got = policy.act(obs, g1, 0)
+        np_q, policy._np_q = policy._np_q, None
+        np.testing.assert_array_equal(got, policy.act(obs, g2, 0))
+        policy._np_q = np_q
+        assert g1.random() == g2.random()                # the same draws, no more
+        policy.set_flat_params(make((3,), 4, seed=6, **fields).policy_params())
+
+
 def test_policy_deterministic_is_greedy():
     dqn = make((4,), 5, hidden=[32], seed=3, eps_final=1.0)   # epsilon 1 throughout
     policy = dqn.make_policy(0, 1)

@@ -143,6 +143,36 @@ def test_gradient_matches_a_reference_loss():
                                rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("fields", [
+    {}, {"entropy": 0.05, "clip_rewards": "on"},
+    {"shared_torso": False, "activation": "tanh", "hidden": [64, 64], "entropy": 0.0},
+    {"shared_torso": False, "hidden": [16, 8], "loss_scale": 1.0, "init": "orthogonal"}])
+def test_numpy_gradient_and_metrics_are_autograds(fields):
+    """Small MLPs on the CPU take the loss's gradient through numpy (NumpyGrad): the
+    gradient and every metric are autograd's to float32 rounding, rounds with reset
+    steps, truncations and large rewards included, also after an update moved the
+    parameters."""
+    a = make(seed=3, **fields)
+    assert a._np_grad is not None
+    rng = np.random.default_rng(7)
+    for dones in ([], [(0, 1, "term"), (3, 2, "trunc"), (4, 0, "term")]):
+        batch = rollout(rng, dones=dones)
+        batch["reward"] *= 3
+        got = {}
+        for path in ("numpy", "torch"):
+            saved = a._np_grad
+            a._np_grad = saved if path == "numpy" else None
+            out = np.full(a.num_params, np.nan, np.float32)
+            stats, _ = a.compute_gradients("ac", batch, out, metrics=True)
+            a._np_grad = saved
+            got[path] = out, stats
+        np.testing.assert_allclose(got["numpy"][0], got["torch"][0], rtol=1e-5, atol=1e-6)
+        assert set(got["numpy"][1]) == set(PAAC.metric_names)
+        for k, v in got["torch"][1].items():
+            assert got["numpy"][1][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+        a.apply_gradients("ac", got["numpy"][0])
+
+
 def test_metrics_and_buffer_checks():
     algo = make(init="small-policy")
     batch = rollout(np.random.default_rng(2))
@@ -379,9 +409,10 @@ def test_numpy_acting_follows_the_torch_network(fields):
 
 def test_frames_gpus_and_bf16_act_through_torch():
     assert make(precision="bf16")._np_logits is None
+    assert make(precision="bf16")._np_grad is None
     frames = PAAC(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(3),
                   PAACConfig(), seed=0)
-    assert frames._np_logits is None
+    assert frames._np_logits is None and frames._np_grad is None
 
 
 def test_sampling_takes_torch_or_numpy_logits_alike():

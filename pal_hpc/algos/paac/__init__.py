@@ -9,6 +9,7 @@ The modules, each importing only those above it in this list:
 - `network`: the actor-critic network (ActorCritic), sample_actions, PAACPolicy.
 - `loss`: the round's rollout layout, nstep_returns and the advantage actor-critic loss
   (actor_critic_loss); its docstring holds the equations.
+- `numpy_grad`: that loss's gradient by hand for small MLPs on the CPU (NumpyGrad).
 - `algorithm`: PAAC, the class the registry names: the flat parameters, RMSProp, the
   learning-rate schedule, gradients, checkpoints.
 """

@@ -24,6 +24,7 @@ from pal_hpc.algos.optim import FlatRMSProp
 from pal_hpc.algos.paac.config import PAACConfig, PAACSpec
 from pal_hpc.algos.paac.loss import actor_critic_loss, check_batch
 from pal_hpc.algos.paac.network import ActorCritic, NumpyLogits, PAACPolicy, sample_actions
+from pal_hpc.algos.paac.numpy_grad import NumpyGrad
 from pal_hpc.options import ConfigError
 
 
@@ -59,6 +60,9 @@ class PAAC(PAACSpec, OnPolicyAlgorithm):
         # Small MLPs on the CPU act through numpy: torch's per-op cost is most of it.
         self._np_logits = (NumpyLogits(self.net)
                            if NumpyLogits.fits(self.net, self.device, self.bf16) else None)
+        # ... and take their gradient through numpy too (numpy_grad; autograd otherwise).
+        self._np_grad = (NumpyGrad(self.net)
+                         if NumpyGrad.fits(self.net, self.device, self.bf16) else None)
         self._params = FlatParams([self.net], self.device)
         self._flat, self._flat_grad = self._params.flat, self._params.grad
         tf_style = config.rms_style == "tf"
@@ -151,9 +155,16 @@ class PAAC(PAACSpec, OnPolicyAlgorithm):
                 or out.shape != (self.num_params,)):
             raise ValueError(f"out must be float32 of shape ({self.num_params},), got "
                              f"{getattr(out, 'dtype', out)} {getattr(out, 'shape', '')}")
-        self._flat_grad.zero_()
-        loss, stats = self.loss(batch, metrics)
-        loss.backward()
+        if self._np_grad is not None:
+            check_batch(batch)
+            cfg = self.config
+            stats = self._np_grad(batch, gamma=self.gamma, clip_rewards=self.clip_rewards,
+                                  loss_scale=cfg.loss_scale, value_coef=cfg.value_coef,
+                                  entropy_coef=cfg.entropy, metrics=metrics)
+        else:
+            self._flat_grad.zero_()
+            loss, stats = self.loss(batch, metrics)
+            loss.backward()
         if metrics:
             stats["grad_norm"] = torch.linalg.vector_norm(self._flat_grad).item()
             stats["lr"] = self.learning_rate()
