@@ -63,7 +63,7 @@ def settle(req: MPI.Request, timeout: float = ROUND_TIMEOUT) -> None:
     while not req.Test():
         if time.monotonic() > deadline:
             raise TimeoutError(f"a collective of the synchronous schedule did not complete "
-                               "within {timeout:.0f}s: a rank is stuck")
+                               f"within {timeout:.0f}s: a rank is stuck")
         time.sleep(pause)
         pause = min(2 * pause, IDLE_SLEEP)
 
