@@ -591,6 +591,7 @@ def test_sigterm_checkpoints_and_resume_is_exact(tmp_path):
     assert proc.returncode == 75, out + err
     first = summary(run_dir)
     assert STOP_SIGNAL.name in first["stop_reason"] and first["work_left"]
+    assert first["final_eval_return"] is None        # preempted: the checkpoint alone
     with h5py.File(first["checkpoint"], "r") as f:
         saved = f.attrs["params_digest"]
         assert f.attrs["updates"] == first["updates"] > 20
@@ -603,7 +604,7 @@ def test_sigterm_checkpoints_and_resume_is_exact(tmp_path):
     assert second["resumed_from"] == first["checkpoint"]
     assert second["params_digest_at_start"] == saved           # bit-identical restore
     assert second["updates"] > first["updates"] and second["env_steps"] >= more
-    assert second["exit_status"] == 0
+    assert second["exit_status"] == 0 and second["final_eval_return"] is not None
     steps = read_run_metrics(run_dir)["learner"]["env_step"]
     assert (np.diff(steps) >= 0).all() and steps.max() > first["env_steps"]
 

@@ -53,6 +53,8 @@ def test_sigterm_checkpoints_then_resume_carries_on(tmp_path):
     first = summary(run_dir)
     assert STOP_SIGNAL.name in first["stop_reason"]
     assert first["work_left"] is True and first["exit_status"] == 75
+    # A preempted job checkpoints and exits; its final evaluation waits for the real end.
+    assert first["final_eval_return"] is None
     ckpt_path = first["checkpoint"]
     with h5py.File(ckpt_path, "r") as f:
         saved_digest = f.attrs["params_digest"]
@@ -72,6 +74,7 @@ def test_sigterm_checkpoints_then_resume_carries_on(tmp_path):
     assert second["wall_s"] > first["wall_s"]
     assert second["learner_params_identical"]
     assert second["work_left"] is False and second["exit_status"] == 0
+    assert second["final_eval_return"] is not None
     # The log goes on from the checkpoint: no learner row of the resumed run counts its
     # env steps from 0 again (rows written before its first counter round could).
     steps = read_run_metrics(run_dir)["learner"]["env_step"]

@@ -318,7 +318,12 @@ class RankRun(Checkpointing, Summary):
         self.stats.finish()
         wait_all(world)               # now every learner has published its final weights
         final_eval = np.zeros(2)
-        if self.evaluator:
+        # A job stopped by SIGTERM/SIGUSR1 with work left skips the final evaluation: a
+        # preempted job has SLURM's KillWait (30 s by default) before SIGKILL, and an
+        # Atari evaluation can take longer than that before the checkpoint below; the
+        # run's final evaluation comes at its real end.
+        if not world.bcast(bool(self.coord.work_left) if self.coord else None, root=0) \
+                and self.evaluator:
             self.actor.pull_weights()
             returns = evaluate(cfg, self.policy, cfg.eval_episodes, seed=cfg.seed + FINAL_SEED)
             final_eval[:] = returns.sum(), len(returns)

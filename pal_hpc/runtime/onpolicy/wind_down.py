@@ -31,7 +31,9 @@ class WindDown:
             self._system_row(force=True)
             self._last_stats_round()
             self.telemetry.close()
-            if world.Get_rank() == 0:
+            # Rank 0 evaluates, unless a signal stopped the job with work left: then the
+            # checkpoint goes first and alone (see the off-policy `RankRun._wind_down`).
+            if world.Get_rank() == 0 and not self.coord.work_left:
                 t0 = time.perf_counter()
                 returns = evaluate(cfg, self.algo.make_policy(), cfg.eval_episodes,
                                    seed=cfg.seed + FINAL_SEED)
