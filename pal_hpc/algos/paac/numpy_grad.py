@@ -28,10 +28,6 @@ from torch import nn
 from pal_hpc.algos.paac.loss import nstep_returns
 
 
-def _layers(torso: nn.Sequential, head: nn.Linear) -> list[nn.Linear]:
-    return [m for m in torso if isinstance(m, nn.Linear)] + [head]
-
-
 class NumpyGrad:
     """Forward and backward of an `ActorCritic` with an MLP torso (shared, or one per
     head), in numpy, from views of its parameters and their gradients."""
