@@ -93,6 +93,14 @@ extensions = [
         extra_link_args=link_args,
     ),
     Extension(
+        "pal_hpc.algos._optimcore",
+        sources=["cython/optimcore.pyx"],
+        include_dirs=["cython"],
+        depends=["cython/optim_core.h"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+    ),
+    Extension(
         "pal_hpc.envs._lockstep",
         sources=["cython/lockstep.pyx"],
         include_dirs=["cython"],

@@ -584,3 +584,65 @@ def test_atari_ids_get_the_published_settings_and_flags_win():
     assert (given.total_steps, given.algo_config.lr, given.n_step) == (5000, 1e-4, 1)
     plain = load_config(["--algo", "dqn", "--env", "CartPole-v1"])
     assert plain.total_steps == 100_000 and plain.algo_config.adam_eps == 1e-8
+
+
+# ---- the numpy gradient path (dqn_numpy.NumpyTD) ---------------------------------------------
+
+
+def frame_dqn(shape=(4, 10, 10), n_actions=3, **fields) -> DQN:
+    obs_space = gym.spaces.Box(0, 255, shape, np.uint8)
+    return DQN(obs_space, gym.spaces.Discrete(n_actions),
+               DQNConfig(cnn="minatar", **fields), seed=3)
+
+
+def frame_batch(rng: np.random.Generator, b: int, shape, n_actions: int) -> dict:
+    """MinAtar-like frames: a few cells of each channel at 255, the rest 0."""
+    frames = lambda: ((rng.random((b, *shape)) < 0.1) * 255).astype(np.uint8)  # noqa: E731
+    batch = make_batch(rng, b, (1,), n_actions)
+    batch.update(obs=frames(), next_obs=frames())
+    return batch
+
+
+@pytest.mark.parametrize("net, fields", [
+    ("mlp", {}),
+    ("mlp", {"dueling": True, "double_q": True, "loss": "mse", "hidden": [32, 16, 8]}),
+    ("minatar", {"double_q": False, "optimizer": "rmsprop"}),
+    ("minatar", {"dueling": True, "double_q": True}),
+])
+def test_numpy_td_gradient_is_autograds(net, fields):
+    """Small networks on the CPU take their TD gradient through numpy: the gradient,
+    the priorities and the metrics are autograd's (DQN.loss and backward) to float32
+    rounding -- over several updates (the target network synced in between) and TD
+    errors on both sides of the Huber loss's kink -- and a network it does not fit
+    stays on autograd."""
+    rng = np.random.default_rng(11)
+    if net == "mlp":
+        dqn, shape, n_actions = make((2, 3), 4, seed=2, target_update=2, **fields), (2, 3), 4
+        batch_of = lambda: make_batch(rng, 48, shape, n_actions)  # noqa: E731
+    else:
+        shape, n_actions = (5, 10, 10), 6
+        dqn = frame_dqn(shape, n_actions, target_update=2, **fields)
+        batch_of = lambda: frame_batch(rng, 32, shape, n_actions)  # noqa: E731
+    assert dqn._np_td is not None
+    for update in range(4):
+        batch = batch_of()
+        batch["reward"] *= 3.0                      # TD errors beyond 1 as well as within
+        got, stats, prio = grads(dqn, batch)
+        np_td, dqn._np_td = dqn._np_td, None
+        want, want_stats, want_prio = grads(dqn, batch)
+        dqn._np_td = np_td
+        scale = np.abs(want).max()
+        assert scale > 0 and np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+        np.testing.assert_allclose(prio, want_prio, rtol=1e-4, atol=1e-5)
+        assert prio.dtype == np.float64 and (prio > 1).any() and (prio < 1).any()
+        assert stats.keys() == want_stats.keys()
+        for key in want_stats:
+            assert stats[key] == pytest.approx(want_stats[key], rel=1e-4, abs=1e-6), key
+        dqn.apply_gradients("q", got)
+    assert not targets_equal(dqn) or dqn.updates % 2 == 0
+    # Frames of the Atari torsos, and bf16, stay on autograd.
+    nips = DQN(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(3),
+                 DQNConfig(cnn="nips"), seed=0)
+    assert nips._np_td is None
+    assert make((4,), 2, precision="bf16")._np_td is None

@@ -1,10 +1,11 @@
-"""FlatAdam: the learner's Adam over one flat vector, against torch.optim.Adam."""
+"""FlatAdam and FlatRMSProp: the learners' optimizers over one flat vector, against
+torch.optim's, and RMSProp's one-pass CPU kernel against its tensor ops."""
 
 import numpy as np
 import pytest
 import torch
 
-from pal_hpc.algos.optim import FlatAdam
+from pal_hpc.algos.optim import FlatAdam, FlatRMSProp
 
 
 def grads(rng, n, steps):
@@ -76,3 +77,42 @@ def test_bad_input_is_named_and_changes_nothing():
     after = opt.state_dict()
     assert after["step"] == before["step"]
     assert torch.equal(after["exp_avg"], before["exp_avg"])
+
+
+RMSPROPS = {"tf": dict(eps_in_sqrt=True, initial_square=1.0, decay=0.99, eps=0.1),
+            "torch": dict(eps_in_sqrt=False, initial_square=0.0, decay=0.9, eps=1e-3),
+            "centered": dict(eps_in_sqrt=False, initial_square=0.0, decay=0.95, eps=0.01,
+                             centered=True),
+            "centered-tf": dict(eps_in_sqrt=True, initial_square=1.0, decay=0.95, eps=0.1,
+                                centered=True)}
+
+
+@pytest.mark.parametrize("variant", sorted(RMSPROPS))
+def test_rmsprop_one_pass_kernel_is_its_tensor_ops(variant):
+    """On the CPU FlatRMSProp steps through cython/optimcore.pyx; it agrees with the
+    tensor ops (the path on a GPU) to float32 rounding, clipped and annealed steps
+    included, and its state (the tensors the kernel wrote through) round-trips."""
+    rng = np.random.default_rng(3)
+    n = 4099                          # not a multiple of any vector width
+    start = torch.as_tensor(rng.normal(size=n), dtype=torch.float32)
+    kernel = FlatRMSProp(start.clone(), lr=0.01, **RMSPROPS[variant])
+    ops = FlatRMSProp(start.clone(), lr=0.01, **RMSPROPS[variant])
+    assert kernel._fused
+    ops._fused = False
+    for i, g in enumerate(grads(rng, n, 30)):
+        g = g * 20
+        lr = 0.01 * (1 - i / 30)
+        assert kernel.step(g.clone(), clip_norm=2.0, lr=lr) == ops.step(g.clone(), 2.0, lr)
+        for a, b in ((kernel.param, ops.param), (kernel.square_avg, ops.square_avg),
+                     (kernel.grad_avg, ops.grad_avg)):
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(kernel.param, start)
+    twin = FlatRMSProp(start.clone(), lr=0.01, **RMSPROPS[variant])
+    twin.load_state_dict({k: (v.clone() if torch.is_tensor(v) else v)
+                          for k, v in kernel.state_dict().items()})
+    twin.param.copy_(kernel.param)
+    g = grads(rng, n, 1)[0]
+    kernel.step(g.clone())
+    twin.step(g.clone())
+    assert torch.equal(kernel.param, twin.param) and twin.steps == kernel.steps

@@ -27,6 +27,7 @@ from torch import nn
 
 from pal_hpc.algos.base import NetworkPolicy, OnePhaseAlgorithm
 from pal_hpc.algos.configs import DQNConfig, DQNSpec
+from pal_hpc.algos.dqn_numpy import NumpyTD
 from pal_hpc.algos.nets import (FlatParams, MLPTorso, autocast, is_image, output_linear, seeded,
                                 torso)
 from pal_hpc.algos.optim import FlatAdam, FlatRMSProp
@@ -202,6 +203,11 @@ class DQN(DQNSpec, OnePhaseAlgorithm):
         else:
             self.optimizer = FlatAdam(self._flat, lr=config.lr, eps=config.adam_eps)
         self.updates = 0
+        # Small networks on the CPU take their loss gradient through numpy (dqn_numpy.py:
+        # autograd's fixed cost per op is most of their update).
+        self._np_td = (NumpyTD(self.online, self.target, double_q=self.double_q,
+                               loss=config.loss)
+                       if NumpyTD.fits(self.online, self.device, config.precision) else None)
 
     def _network(self) -> QNetwork:
         return QNetwork(self.obs_space, self.n_actions, tuple(self.config.hidden),
@@ -280,9 +286,12 @@ class DQN(DQNSpec, OnePhaseAlgorithm):
                 or out.shape != (self.num_params,)):
             raise ValueError(f"out must be float32 of shape ({self.num_params},), got "
                              f"{getattr(out, 'dtype', out)} {getattr(out, 'shape', '')}")
-        self._flat_grad.zero_()
-        loss, stats, priorities = self.loss(batch, metrics)
-        loss.backward()
+        if self._np_td is not None:          # writes every gradient entry
+            stats, priorities = self._np_td(batch, metrics)
+        else:
+            self._flat_grad.zero_()
+            loss, stats, priorities = self.loss(batch, metrics)
+            loss.backward()
         if metrics:
             stats["grad_norm"] = torch.linalg.vector_norm(self._flat_grad).item()
         out[...] = self._flat_grad.cpu().numpy()

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch.optim.adam import adam as functional_adam
+
+from pal_hpc.algos._optimcore import rmsprop_step
 
 
 class FlatAdam:
@@ -133,6 +136,10 @@ class FlatRMSProp:
         self.centered = bool(centered)
         self.grad_avg = torch.zeros_like(param) if self.centered else None
         self.steps = 0
+        self._fused = (param.device.type == "cpu" and param.dtype == torch.float32
+                       and param.is_contiguous())
+        self._grad_avg_np = (self.grad_avg.detach().numpy() if self.centered and self._fused
+                             else np.zeros(0, np.float32))
 
     @torch.no_grad()
     def step(self, grad: torch.Tensor, clip_norm: float = 0.0, lr: float | None = None) -> float:
@@ -147,6 +154,14 @@ class FlatRMSProp:
             grad.mul_(torch.clamp(clip_norm / (n + 1e-6), max=1.0))
             norm = float(n)
         lr = self.lr if lr is None else float(lr)
+        if self._fused:
+            # One pass over the vector on the CPU (cython/optimcore.pyx), the same
+            # arithmetic as the ops below.
+            rmsprop_step(self.param.detach().numpy(), grad.detach().contiguous().numpy(),
+                         self.square_avg.numpy(), self._grad_avg_np, lr, self.decay,
+                         self.eps, self.eps_in_sqrt, self.centered)
+            self.steps += 1
+            return norm
         self.square_avg.mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
         if self.centered:
             self.grad_avg.lerp_(grad, 1.0 - self.decay)

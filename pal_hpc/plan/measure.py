@@ -45,6 +45,7 @@ from pal_hpc.config import ConfigError
 from pal_hpc.plan.model import Rates
 # How long an idle rank sleeps between loop turns.
 from pal_hpc.runtime.pacing import IDLE_SLEEP as SLEEP_S
+from pal_hpc.runtime.threads import limit_threads
 
 STEADY_STEPS = 1e12                         # global steps: past every exploration schedule
 
@@ -145,7 +146,7 @@ def measure_rates(cfg, budget_s: float = 3.0, max_replay_bytes: int = 64 << 20) 
                           f"--algo {cfg.algo} does not have (it runs one master per node and "
                           "environment workers); plan dqn, ddpg, td3 or sac")
     started = time.perf_counter()
-    torch.set_num_threads(cfg.torch_threads)
+    limit_threads(cfg.torch_threads)
     torch.set_flush_denormal(True)
     rng = np.random.default_rng(cfg.seed)
     env = make_env(cfg.env, cfg.seed, terminal_on_life_loss=cfg.atari_terminal_on_life_loss)
@@ -301,7 +302,7 @@ class UpdateStandIn:
         from pal_hpc.envs import action_info, make_env, obs_info
         from pal_hpc.runtime.nstep import transition_spec
 
-        torch.set_num_threads(cfg.torch_threads)
+        limit_threads(cfg.torch_threads)
         torch.set_flush_denormal(True)
         Algo = ALGOS[cfg.algo]
         env = make_env(cfg.env, cfg.seed, terminal_on_life_loss=cfg.atari_terminal_on_life_loss)

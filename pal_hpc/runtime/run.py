@@ -41,6 +41,7 @@ from pal_hpc.runtime.preflight import (check_replay_fits, make_replay, replay_ki
                                        resolve_capacity)
 from pal_hpc.runtime.summary import Summary
 from pal_hpc.runtime.telemetry import Telemetry, open_job_log, percentile_ms, rss_mb
+from pal_hpc.runtime.threads import limit_threads
 
 
 class RankRun(Checkpointing, Summary):
@@ -55,7 +56,7 @@ class RankRun(Checkpointing, Summary):
         self.run_dir_lock = on_rank0(self.world, lambda: claim_run_dir(
             cfg.resolved_run_dir(), cfg.resume, cfg.overwrite,
             check_tensorboard_dir if cfg.tensorboard else None))
-        torch.set_num_threads(cfg.torch_threads)
+        limit_threads(cfg.torch_threads)          # torch's and numpy's BLAS (threads.py)
         # Adam's second moments of small gradients decay into float32 denormals, and
         # x86 arithmetic on denormals is ~50x slower: it made the optimizer step the
         # learner's biggest cost.  Flush them to zero (FTZ/DAZ; values < 1.2e-38).

@@ -32,6 +32,7 @@ from pal_hpc.runtime.onpolicy.update import MasterUpdates
 from pal_hpc.runtime.onpolicy.wind_down import WindDown
 from pal_hpc.runtime.summary import Summary
 from pal_hpc.runtime.telemetry import Telemetry
+from pal_hpc.runtime.threads import limit_threads
 
 
 def check_flags(cfg) -> None:
@@ -56,7 +57,7 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
         self.run_dir_lock = on_rank0(world, lambda: claim_run_dir(
             cfg.resolved_run_dir(), cfg.resume, cfg.overwrite,
             check_tensorboard_dir if cfg.tensorboard else None))
-        torch.set_num_threads(cfg.torch_threads)
+        limit_threads(cfg.torch_threads)          # torch's and numpy's BLAS (threads.py)
         torch.set_flush_denormal(True)
         Algo = self.algo_class = ALGOS[cfg.algo]
         acfg = cfg.algo_config
