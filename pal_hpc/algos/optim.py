@@ -157,7 +157,8 @@ class FlatRMSProp:
         if self._fused:
             # One pass over the vector on the CPU (cython/optimcore.pyx), the same
             # arithmetic as the ops below.
-            rmsprop_step(self.param.detach().numpy(), grad.detach().contiguous().numpy(),
+            rmsprop_step(self.param.detach().numpy(),
+                         grad.detach().to(torch.float32).contiguous().numpy(),
                          self.square_avg.numpy(), self._grad_avg_np, lr, self.decay,
                          self.eps, self.eps_in_sqrt, self.centered)
             self.steps += 1
