@@ -156,8 +156,7 @@ class Config:
                                "batch_size rows)")
 
     # Runtime.
-    torch_threads: int = _f(1, "compute threads per rank: torch's intra-op pool and numpy's "
-                                     "OpenBLAS (runtime/threads.py)")
+    torch_threads: int = _f(1, "threads per rank of torch's intra-op pool and numpy's OpenBLAS")
     progress_every: float = _f(5.0, "seconds between progress lines")
     peer_timeout: float = _f(120.0, "seconds a wait for other ranks may last; then a peer "
                                     "that does not answer a probe ends the job (exit 76); "
