@@ -155,8 +155,8 @@ class FlatRMSProp:
             norm = float(n)
         lr = self.lr if lr is None else float(lr)
         if self._fused:
-            # One pass over the vector on the CPU (cython/optimcore.pyx), the same
-            # arithmetic as the ops below.
+            # One pass over the vector on the CPU (cython/optimcore.pyx): the ops below,
+            # in the same order, agreeing with them to float32 rounding.
             rmsprop_step(self.param.detach().numpy(),
                          grad.detach().to(torch.float32).contiguous().numpy(),
                          self.square_avg.numpy(), self._grad_avg_np, lr, self.decay,
