@@ -118,12 +118,16 @@ def test_periodic_checkpoints_and_a_clean_resume(tmp_path):
     """--checkpoint-every writes checkpoints while training (learners pause after the
     same step); a resumed run does not replay the old run's checkpoint requests."""
     run_dir = tmp_path / "run"
-    proc = run(main_cmd(2, run_dir, "--total-steps", "6000", "--checkpoint-every", "0.5",
-                        "--keep-checkpoints", "100"))
+    # A wall-time budget, not a step budget: how many half-seconds a run of N steps
+    # lasts depends on the machine and the code's speed (6,000 CartPole steps once lasted
+    # over a second here, and then under one).
+    proc = run(main_cmd(2, run_dir, "--total-steps", "10000000", "--wall-time", "3",
+                        "--checkpoint-every", "0.5", "--keep-checkpoints", "100"))
     assert proc.returncode == 0, proc.stderr
     first = list_checkpoints(run_dir)
     assert len(first) >= 3                       # several mid-run ones, and the final one
-    proc = run(main_cmd(2, run_dir, "--total-steps", "8000", "--resume", "latest",
+    steps = summary(run_dir)["env_steps"]
+    proc = run(main_cmd(2, run_dir, "--total-steps", str(steps + 2000), "--resume", "latest",
                         "--keep-checkpoints", "100"))
     assert proc.returncode == 0, proc.stderr
     second = list_checkpoints(run_dir)
