@@ -143,3 +143,32 @@ def test_a_checkpoint_write_near_the_deadline_is_warned_about_once(tmp_path, cap
     monkeypatch.setattr(ckpt, "_warned_slow", False)
     ckpt.write_atomic(tmp_path / "step_2.h5", lambda f: f.attrs.update(x=1))
     assert "peer-timeout" not in capsys.readouterr().err
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_every_communicator_derived_from_the_world_knows_its_members(mpi, nprocs):
+    """Dup (mpi4py keeps the caller's class), Split, Split_type, Create, Create_group:
+    each is watched and knows its members' world ranks, which the deadline probes."""
+    res = mpi(nprocs, ROOT / "tests" / "mpi" / "watched_comms.py", "members", timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("derived communicators know their members") == nprocs
+
+
+@pytest.mark.mpi
+def test_a_frozen_peer_ends_a_wait_on_a_duplicated_communicator(mpi):
+    """The checkpoint's barriers run on a Dup of the world.  When a Dup knew no members,
+    its waits had no one to probe and were taken for a slow peer: rank 0 waited ten
+    deadlines (34 s here with a 3 s deadline) and an actor in a checkpoint's barrier
+    outlived a partition.  Now the frozen rank is named after one deadline."""
+    timeout = 3
+    t0 = time.monotonic()
+    res = mpi(2, ROOT / "tests" / "mpi" / "watched_comms.py", "frozen-dup", str(timeout),
+              timeout=90)
+    took = time.monotonic() - t0
+    assert res.returncode == PEER_LOST_EXIT, res.stderr[-3000:]
+    assert "the barrier completed" not in res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if "did not complete" in ln]
+    assert lines and all("no answer from host" in ln and "(rank 1)" in ln for ln in lines), \
+        res.stderr[-3000:]
+    assert took < 30, f"the job took {took:.1f} s to end"

@@ -76,7 +76,9 @@ class Watch:
                 self._judge(op)
 
     def _judge(self, op: _Op) -> None:
-        peers = [r for r in op.comm_ranks if r != self.rank]
+        # Members unknown (a communicator that escaped `watched`): ask every rank.
+        members = op.comm_ranks or range(len(self.endpoints))
+        peers = [r for r in members if r != self.rank]
         if len(self.endpoints) < MPI.COMM_WORLD.Get_size():   # still exchanging them
             self._give_up(op, time.monotonic() - op.start, "not every rank arrived at "
                           "start-up (no rank can be probed yet)", {})

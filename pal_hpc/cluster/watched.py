@@ -206,10 +206,16 @@ del _make, _names, _name
 
 
 def watched(comm: MPI.Intracomm) -> WatchedComm:
-    """`comm` as a WatchedComm (the same MPI handle), knowing its members' world ranks."""
-    if isinstance(comm, WatchedComm):
+    """`comm` as a WatchedComm (the same MPI handle), knowing its members' world ranks.
+
+    mpi4py's `Dup` makes its result of the caller's class, so a WatchedComm's Dup arrives
+    here already a WatchedComm -- with the class's empty member list: a deadline on it
+    then had no peers to probe, took every wait on it for a slow peer, and a rank
+    waiting there (actors in a checkpoint's barrier) outlived a partition by
+    MAX_EXTENSIONS deadlines.  Only a WatchedComm with its own members is taken as is."""
+    if isinstance(comm, WatchedComm) and "_world_ranks" in vars(comm):
         return comm
-    out = WatchedComm(comm)
+    out = comm if isinstance(comm, WatchedComm) else WatchedComm(comm)
     world = MPI.COMM_WORLD.Get_group()
     group = comm.Get_group()
     try:
