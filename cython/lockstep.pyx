@@ -17,6 +17,9 @@ cdef extern from "lockstep_core.h" nogil:
     uint32_t ls_wait_command(uint32_t *ctl, uint32_t last, int64_t spin_ns, int64_t yield_ns,
                              int64_t budget_ns)
     void ls_done(uint32_t *ctl)
+    uint32_t ls_barrier_arrive(uint32_t *b, uint32_t n, int *opened)
+    int ls_barrier_wait(uint32_t *b, uint32_t gen, int64_t spin_ns, int64_t yield_ns,
+                        int64_t budget_ns)
 
 CONTROL_BYTES = LS_CONTROL_WORDS * 4
 
@@ -76,3 +79,23 @@ def arm(uint32_t[::1] ctl, uint32_t nworkers):
     for i in range(LS_CONTROL_WORDS):
         c[i] = 0
     c[LS_PENDING] = nworkers
+
+
+def barrier_arrive(uint32_t[::1] ctl, uint32_t n):
+    """Arrive at the barrier of `n` processes on control block `ctl` (zeroed before the
+    first use, a block of its own): (generation to wait past, whether this arrival
+    opened it)."""
+    cdef uint32_t *c = _ctl(ctl)
+    cdef int opened = 0
+    cdef uint32_t gen = ls_barrier_arrive(c, n, &opened)
+    return gen, opened != 0
+
+
+def barrier_wait(uint32_t[::1] ctl, uint32_t gen, int64_t spin_ns, int64_t yield_ns,
+                 int64_t budget_ns):
+    """True once the barrier is past generation `gen`, False after budget_ns."""
+    cdef uint32_t *c = _ctl(ctl)
+    cdef int r
+    with nogil:
+        r = ls_barrier_wait(c, gen, spin_ns, yield_ns, budget_ns)
+    return r != 0

@@ -164,4 +164,52 @@ static inline void ls_done(uint32_t *ctl)
         ls_futex_wake(&ctl[LS_PENDING], 1);
 }
 
+/* ---- a barrier of n processes, on a control block of its own --------------
+ * Words: b_count arrivals in this generation, b_gen the generation (the
+ * barrier's sequence number), b_sleepers waiters asleep on b_gen.  The last
+ * arrival resets b_count, then opens the barrier by bumping b_gen (seq_cst:
+ * whatever every process wrote before it arrived is visible to every process
+ * that sees the new generation), and wakes the sleepers if there are any;
+ * the others wait for b_gen to change, spinning, yielding, then asleep on a
+ * futex (the same Dekker pairing as above excludes a lost wake-up).  A
+ * process reads b_gen only after it passed the barrier before, so the
+ * generation it waits past is always the current one. */
+enum { LS_B_COUNT = 0, LS_B_GEN = 16, LS_B_SLEEPERS = 32 };
+
+/* Arrive; returns the generation to wait past, *opened = 1 when this was the
+ * last arrival (the barrier is already open: no wait). */
+static inline uint32_t ls_barrier_arrive(uint32_t *b, uint32_t n, int *opened)
+{
+    uint32_t gen = __atomic_load_n(&b[LS_B_GEN], __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b[LS_B_COUNT], 1, __ATOMIC_SEQ_CST) >= n) {
+        __atomic_store_n(&b[LS_B_COUNT], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b[LS_B_GEN], gen + 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&b[LS_B_SLEEPERS], __ATOMIC_SEQ_CST) > 0)
+            ls_futex_wake(&b[LS_B_GEN], INT_MAX);
+        *opened = 1;
+    } else {
+        *opened = 0;
+    }
+    return gen;
+}
+
+/* Wait until the barrier's generation is past `gen`: 1 when it is, 0 after
+ * budget_ns without that. */
+static inline int ls_barrier_wait(uint32_t *b, uint32_t gen, int64_t spin_ns,
+                                  int64_t yield_ns, int64_t budget_ns)
+{
+    int64_t t0 = ls_now_ns();
+    if (ls_poll(&b[LS_B_GEN], gen, 1, t0, spin_ns, yield_ns)) return 1;
+    __atomic_fetch_add(&b[LS_B_SLEEPERS], 1, __ATOMIC_SEQ_CST);
+    int done = 0;
+    for (;;) {
+        if (__atomic_load_n(&b[LS_B_GEN], __ATOMIC_SEQ_CST) != gen) { done = 1; break; }
+        int64_t left = budget_ns - (ls_now_ns() - t0);
+        if (left <= 0) break;
+        ls_futex_wait(&b[LS_B_GEN], gen, left);
+    }
+    __atomic_fetch_sub(&b[LS_B_SLEEPERS], 1, __ATOMIC_SEQ_CST);
+    return done;
+}
+
 #endif

@@ -40,6 +40,17 @@ def test_sync_three_ranks_same_seed_same_parameters_other_seed_differs(tmp_path)
     # started (200 transitions: after round 3), the same count in both runs.
     assert sa["updates"] == sb["updates"] == 3 * (30 - 2)
     assert sa["episodes"] == sb["episodes"]
+    # Where every rank's rounds went: the phases add up to its wall per round, and the
+    # ranks, in lockstep, spent the same wall on the 30 rounds.
+    prof = sa["round_profile"]
+    assert sorted(p["rank"] for p in prof) == [0, 1, 2], prof
+    for p in prof:
+        phases = sum(v for k, v in p.items() if k not in ("rank", "roles", "wall_per_round"))
+        assert phases == pytest.approx(p["wall_per_round"], abs=0.01), p
+        assert (p["act"] > 0.05) == ("actor" in p["roles"]), p
+        assert (p["learn"] > 0.5 * p["wall_per_round"] / 30) or "learner" not in p["roles"], p
+    walls = [30 * p["wall_per_round"] for p in prof]
+    assert max(walls) - min(walls) < 500, walls           # ms over the 30 rounds
 
 
 @pytest.mark.slow

@@ -330,11 +330,12 @@ class RankRun(Checkpointing, Summary):
             final_eval[:] = returns.sum(), len(returns)
         # Every learner must hold the same parameters: compare digests.
         digest = self.learner.algo.digest() if self.learner is not None else ""
-        mine = (digest, self._learner_profile())
+        mine = (digest, self._learner_profile(), self._rank_profile())
         gathered = world.gather(mine, root=0) or []
-        digests = [d for d, _ in gathered if d]
+        digests = [d for d, _, _ in gathered if d]
         self.final_digest = digests[0] if digests else ""
-        self.learner_profiles = [p for d, p in gathered if d]
+        self.learner_profiles = [p for d, p, _ in gathered if d]
+        self.rank_profiles = [p for _, _, p in gathered if p]
         totals = np.zeros(S.SIZE)
         world.Reduce(self.stats.mine, totals, op=MPI.SUM, root=0)
         world.Reduce(final_eval.copy(), final_eval, op=MPI.SUM, root=0)
@@ -360,6 +361,11 @@ class RankRun(Checkpointing, Summary):
                            f"above); the newest checkpoint on disk is "
                            f"{world.bcast(self.last_good, root=0) or 'none'}")
         return summary
+
+    def _rank_profile(self) -> dict:
+        """This rank's wall time by phase of its loop ({} where the schedule keeps none;
+        `--schedule sync` keeps one per round)."""
+        return {}
 
     def _learner_profile(self) -> dict:
         """This learner's wall time per update by part, in ms; {} on an actor.  "reduce"

@@ -78,13 +78,17 @@ class Summary:
             # sleeps, and the rest of its loop): where a learner's time goes.
             "learner_profile": getattr(self, "learner_profiles", []),
         }
+        if getattr(self, "rank_profiles", None):
+            # --schedule sync: every rank's wall ms per round by phase (where a round's
+            # time goes, waits included).
+            summary["round_profile"] = self.rank_profiles
         if getattr(self.topo, "plan", None):    # --actors/--learners-per-node auto
             summary["plan"] = beside_run(self.topo.plan, summary)
         run_dir = Path(cfg.resolved_run_dir())
         _write_json(run_dir / "config.json", config_to_dict(cfg))
         _write_json(run_dir / "summary.json", summary)
         short = {k: v for k, v in summary.items()
-                 if k not in ("evaluations", "plan", "learner_profile")}
+                 if k not in ("evaluations", "plan", "learner_profile", "round_profile")}
         print("summary: " + json.dumps(short), flush=True)
         return summary
 

@@ -8,25 +8,30 @@ A round, on every rank of the job:
    its transitions;
 3. the node's replay takes them in actor order: local actor k writes its round's
    transitions into its own region (the slots follow from its write count), then a
-   node barrier passes the turn to actor k + 1 -- so the sum tree and its float sums
+   node barrier (`cluster.node_barrier`: futex words in the node's shared memory)
+   passes the turn to actor k + 1 -- so the sum tree and its float sums
    see the same inserts in the same order whatever the timing; the last barrier
    also tells the node's learners that the round's data is in;
 4. the learners take `round_updates` updates (each learner's sampler has its own
    seeded generator; a learner whose node holds fewer than learning_starts
    transitions sends zero rows into the same reductions).  New priorities are
    written after each update, the node's learners one after the other;
-5. the node's first learner publishes the weights;
+5. the node's first learner publishes the weights, and a node barrier gathers the
+   node's ranks, so that they start the round's end together;
 6. one job-wide sum of the counters (`StatsRounds.exchange`), then rank 0's decision
    -- stop, checkpoint, or go on -- broadcast to every rank.  Stops (budget, wall
    time, target, SIGTERM/SIGUSR1/SIGINT) and checkpoints happen at this boundary,
    which every rank reaches after the same collectives.
 
-Every collective is started the same number of times on every rank: per round, one
-barrier per actor of the node on the node communicator, round_updates reductions
+Every collective is started the same number of times on every rank: per round,
+node_actors + 1 node barriers on every rank of the node, round_updates reductions
 per phase on the learners' (plus one barrier per learner of the node around the
 priority writes when a node has several learners), one sum and one broadcast on the
-job's.  Waits sleep (with a short back-off) instead of spinning: ranks outnumber
-cores here, and an idle rank's core is what the busy ones need.
+job's.  Waits sleep instead of spinning: ranks outnumber cores here, and an idle
+rank's core is what the busy ones need.  The node barriers sleep in the kernel until
+the last rank arrives; MPI's waits sleep with a short back-off (an MPI barrier among
+sleeping ranks moved a hop per poll: the learner's polls through the actors' round
+took their cores, and each turn waited a back-off interval per hop).
 
 What is not bit-reproducible is what the clock decides: a wall-time stop, a
 checkpoint every N seconds, a signal's round.  A resumed run is reproducible from
@@ -43,6 +48,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from pal_hpc.cluster.node_barrier import NodeBarrier
 from pal_hpc.config import ConfigError
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
@@ -85,6 +91,21 @@ def in_turn(comm: MPI.Comm, mine) -> None:
         barrier(comm)
 
 
+class PhaseClock:
+    """Seconds by phase: `clock(name)` adds the time since the last call to `name`
+    (`clock(None)` restarts the clock without adding)."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def clock(self, name: str | None) -> None:
+        now = time.perf_counter()
+        if name is not None:
+            self.totals[name] = self.totals.get(name, 0.0) + now - self._last
+        self._last = now
+
+
 class SyncRankRun(RankRun):
     """One rank of a `--schedule sync` job (see the module docstring)."""
 
@@ -96,10 +117,26 @@ class SyncRankRun(RankRun):
         self.node_learners = node.Split(0 if self.me.is_learner else MPI.UNDEFINED,
                                         node.Get_rank())
         self.decisions = self.world.Dup()
+        self.node_barrier = NodeBarrier(node, timeout=ROUND_TIMEOUT)
         self.per_round = self.n_actors * cfg.round_steps     # the job's env steps a round
         self._check_round_fits()
         if self.actor is not None:
             self.actor.write_batch = math.inf    # the round's writes wait for the turn
+        self.phases, self.rounds = PhaseClock(), 0
+
+    def _rank_profile(self) -> dict:
+        """Wall ms per round by phase on this rank: evaluate, act (its round of env
+        steps), write (its round into the replay), write_wait (the node's barriers that
+        pass the turn to write, in actor order), learn (its updates; a learner), round_end
+        (the counters' sum and rank 0's decision: waiting for the learners), other
+        (progress rows, checkpoints)."""
+        if not self.rounds:
+            return {}
+        out = {k: round(1e3 * v / self.rounds, 4) for k, v in self.phases.totals.items()}
+        return {"rank": self.world.Get_rank(),
+                "roles": "+".join(r for r, on in (("actor", self.actor is not None),
+                                                  ("learner", self.learner is not None)) if on)
+                or "none", **out, "wall_per_round": round(sum(out.values()), 4)}
 
     def _check_round_fits(self) -> None:
         """A round's transitions (round_steps, plus the n_step - 1 an n-step window may
@@ -121,14 +158,26 @@ class SyncRankRun(RankRun):
     def run(self) -> dict | None:
         """Rounds until the job stops; rank 0 returns the summary."""
         self._begin()
+        clock = self.phases.clock
+        clock(None)
         while True:
             self._fault_check()
             round_start = float(self.stats.total[S.ENV_STEPS])
             self._evaluate_if_due(round_start)
+            clock("evaluate")
             self._act_round(round_start)
+            clock("act")
             self._write_in_actor_order()
+            clock("write_wait")
             self._learn_round(min(1.0, (round_start + self.per_round) / self.cfg.total_steps))
+            clock("learn")
+            # The node's ranks start the round's job-wide sums together, awake: no hop
+            # of them waits for a sleeping rank to poll.
+            self.node_barrier.wait()
+            clock("learn_wait")
             stop, checkpoint = self._round_end()
+            clock("round_end")
+            self.rounds += 1
             self._system_row()
             self.telemetry.poll()
             if stop:
@@ -136,9 +185,11 @@ class SyncRankRun(RankRun):
             if checkpoint:
                 self._checkpoint(self.stats.total.copy())
                 self.checkpoints_done += 1
+            clock("other")
         if self.node_learners != MPI.COMM_NULL:
             self.node_learners.Free()
         self.decisions.Free()
+        self.node_barrier.free()
         return self._wind_down()
 
     # -- the parts of a round ------------------------------------------------------
@@ -183,8 +234,10 @@ class SyncRankRun(RankRun):
         mine = self.actor.region if self.actor is not None else -1
         for turn in range(self.node_actors):
             if turn == mine:
+                self.phases.clock("write_wait")
                 self.actor.flush()
-            barrier(self.topo.node)
+                self.phases.clock("write")
+            self.node_barrier.wait()
 
     def _learn_round(self, progress: float) -> None:
         """round_updates updates, the priorities written in learner order after each,
