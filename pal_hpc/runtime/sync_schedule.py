@@ -62,7 +62,8 @@ ROUND_TIMEOUT = 600.0
 ROUND_END_SLEEP = 0.0002     # longest back-off in the round's job-wide sums (s)
 
 
-def settle(req: MPI.Request, timeout: float = ROUND_TIMEOUT, longest: float = IDLE_SLEEP) -> None:
+def settle(req: MPI.Request, timeout: float = ROUND_TIMEOUT,
+           longest: float = IDLE_SLEEP) -> None:
     """Wait for `req`, sleeping: from REDUCING_SLEEP doubling up to `longest` (a short
     collective ends within microseconds, a long wait gives the core away)."""
     deadline = time.monotonic() + timeout
@@ -135,9 +136,10 @@ class SyncRankRun(RankRun):
     def _rank_profile(self) -> dict:
         """Wall ms per round by phase on this rank: evaluate, act (its round of env
         steps), write (its round into the replay), write_wait (the node's barriers that
-        pass the turn to write, in actor order), learn (its updates; a learner), round_end
-        (the counters' sum and rank 0's decision: waiting for the learners), other
-        (progress rows, checkpoints)."""
+        pass the turn to write, in actor order), learn (its updates; a learner),
+        learn_wait (the node barrier after them: the actors wait for the learners),
+        round_end (the counters' sum and rank 0's decision), other (progress rows,
+        checkpoints)."""
         if not self.rounds:
             return {}
         out = {k: round(1e3 * v / self.rounds, 4) for k, v in self.phases.totals.items()}
