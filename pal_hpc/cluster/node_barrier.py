@@ -9,7 +9,8 @@ last one opens the barrier by bumping a generation word, and the others sleep on
 word in the kernel (a futex) until it changes -- no polling while they wait, and the
 wake-up comes with the last arrival.  `cython/lockstep_core.h` has the protocol.
 
-Used by `--schedule sync` for the node's actors' turns at the replay.  Like an MPI
+Used by `--schedule sync` for the node's actors' turns at the replay and to gather the
+node's ranks before a round's end.  Like an MPI
 collective, every rank of the node calls `wait` the same number of times.  It is
 node-local: a lost host is the deadline's to notice on the job-wide operations
 (`cluster.deadline`), a dead rank of the node the launcher's; a wait that outlasts
