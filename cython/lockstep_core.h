@@ -134,25 +134,36 @@ static inline int ls_wait_round(uint32_t *ctl, int64_t spin_ns, int64_t yield_ns
     return done;
 }
 
+/* Wait until `*word` is no longer `old`: spin, yield, then sleep on the futex
+ * with `*sleepers` counted up while asleep (the waker reads it after its own
+ * seq_cst write of `*word`: the Dekker pairing that excludes a lost wake-up).
+ * Returns the new value, or `old` after budget_ns without a change. */
+static inline uint32_t ls_wait_change(uint32_t *word, uint32_t old, uint32_t *sleepers,
+                                      int64_t spin_ns, int64_t yield_ns, int64_t budget_ns)
+{
+    int64_t t0 = ls_now_ns();
+    if (ls_poll(word, old, 1, t0, spin_ns, yield_ns))
+        return __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    __atomic_fetch_add(sleepers, 1, __ATOMIC_SEQ_CST);
+    uint32_t v;
+    for (;;) {
+        v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+        if (v != old) break;
+        int64_t left = budget_ns - (ls_now_ns() - t0);
+        if (left <= 0) break;
+        ls_futex_wait(word, old, left);
+    }
+    __atomic_fetch_sub(sleepers, 1, __ATOMIC_SEQ_CST);
+    return v;
+}
+
 /* Worker: wait for a command after `last`.  Returns the new sequence number,
  * or `last` after budget_ns without one. */
 static inline uint32_t ls_wait_command(uint32_t *ctl, uint32_t last, int64_t spin_ns,
                                        int64_t yield_ns, int64_t budget_ns)
 {
-    int64_t t0 = ls_now_ns();
-    if (ls_poll(&ctl[LS_CMD_SEQ], last, 1, t0, spin_ns, yield_ns))
-        return __atomic_load_n(&ctl[LS_CMD_SEQ], __ATOMIC_ACQUIRE);
-    __atomic_fetch_add(&ctl[LS_SLEEPERS], 1, __ATOMIC_SEQ_CST);
-    uint32_t v;
-    for (;;) {
-        v = __atomic_load_n(&ctl[LS_CMD_SEQ], __ATOMIC_SEQ_CST);
-        if (v != last) break;
-        int64_t left = budget_ns - (ls_now_ns() - t0);
-        if (left <= 0) break;
-        ls_futex_wait(&ctl[LS_CMD_SEQ], last, left);
-    }
-    __atomic_fetch_sub(&ctl[LS_SLEEPERS], 1, __ATOMIC_SEQ_CST);
-    return v;
+    return ls_wait_change(&ctl[LS_CMD_SEQ], last, &ctl[LS_SLEEPERS],
+                          spin_ns, yield_ns, budget_ns);
 }
 
 /* Worker: report the current command finished (results and status written
@@ -198,18 +209,8 @@ static inline uint32_t ls_barrier_arrive(uint32_t *b, uint32_t n, int *opened)
 static inline int ls_barrier_wait(uint32_t *b, uint32_t gen, int64_t spin_ns,
                                   int64_t yield_ns, int64_t budget_ns)
 {
-    int64_t t0 = ls_now_ns();
-    if (ls_poll(&b[LS_B_GEN], gen, 1, t0, spin_ns, yield_ns)) return 1;
-    __atomic_fetch_add(&b[LS_B_SLEEPERS], 1, __ATOMIC_SEQ_CST);
-    int done = 0;
-    for (;;) {
-        if (__atomic_load_n(&b[LS_B_GEN], __ATOMIC_SEQ_CST) != gen) { done = 1; break; }
-        int64_t left = budget_ns - (ls_now_ns() - t0);
-        if (left <= 0) break;
-        ls_futex_wait(&b[LS_B_GEN], gen, left);
-    }
-    __atomic_fetch_sub(&b[LS_B_SLEEPERS], 1, __ATOMIC_SEQ_CST);
-    return done;
+    return ls_wait_change(&b[LS_B_GEN], gen, &b[LS_B_SLEEPERS],
+                          spin_ns, yield_ns, budget_ns) != gen;
 }
 
 #endif
