@@ -424,3 +424,70 @@ def test_training_returns_are_a_rolling_mean_in_end_order():
     assert np.all(np.diff(analyze.training_returns(run, window=2)["wall_s"]) > 0)
     assert analyze.training_returns(analyze.Run("e", ROOT, {"episodes": ep[:0]}, None,
                                                 None)) is None
+
+
+def test_a_reference_stands_beside_the_run_at_its_env_steps(runs, tmp_path):
+    """--reference LABEL=VALUE@STEPS: a table row with the run's own training return
+    and nearest greedy evaluation at those steps, and the level drawn on the curves."""
+    out, plain = tmp_path / "ref", tmp_path / "plain"
+    tables = analyze_cli(runs["r1"], "--reference", "their paper=450@30_000",
+                         "--reference", "a level=300", "--out", out)
+    # r1's episodes: 40 from 100 to 50,000 env steps, 0.8 x the evaluation curve; those
+    # ended by 30,000 are fewer than the window of 100, so the rolling mean is their mean.
+    ep = np.linspace(100, 50000, 40).astype(int)
+    evals = [20, 45, 110, 230, 380, 470, 490, 500, 485, 500]
+    steps = 5000 * np.arange(1, 11)
+    training = (np.interp(ep, steps, evals) * 0.8)[ep <= 30000].mean()
+    assert tables["r1"]["reference: their paper"] == (
+        f"450 (training) at 30,000 env steps; this run there: training {training:.1f}, "
+        f"greedy 470.0 (at 30,000)")
+    assert tables["r1"]["reference: a level"] == "300 (training)"
+    analyze_cli(runs["r1"], "--out", plain)
+    with_refs = check_png(out / "learning_curve_steps.png")
+    without = check_png(plain / "learning_curve_steps.png")
+    assert with_refs.shape == without.shape and np.abs(with_refs - without).max() > 0.1
+    # A reference past the run's end says so instead of giving a value.
+    tables = analyze_cli(runs["r1"], "--reference", "later=1@1e6", "--out", out)
+    assert tables["r1"]["reference: later"] == \
+        "1 (training) at 1,000,000 env steps; this run stopped at 50,000"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("paper", "expected LABEL=VALUE[@STEPS]"),
+    ("=10", "expected LABEL=VALUE[@STEPS]"),
+    ("paper=ten", "VALUE of 'paper=ten' is not a number: 'ten'"),
+    ("paper=nan", "VALUE of 'paper=nan' must be finite"),
+    ("paper=10@many", "STEPS of 'paper=10@many' is not a number: 'many'"),
+    ("paper=10@2.5", "STEPS of 'paper=10@2.5' must be a whole number >= 0"),
+])
+def test_a_bad_reference_is_refused_naming_the_value(runs, tmp_path, text, message):
+    res = subprocess.run([sys.executable, "-m", "pal_hpc.analyze", str(runs["r1"]),
+                          "--reference", text, "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert f"--reference: {message}" in res.stderr, res.stderr
+    assert not any(tmp_path.iterdir())              # refused before anything was written
+
+
+def test_published_results_come_with_their_algo_and_env(tmp_path):
+    """A MinAtar DQN run gets the MinAtar paper's value; --no-published drops it; a
+    PAAC run on the same game does not get DQN's."""
+    def minatar(name, algo):
+        write_run(tmp_path / name, 2, [1, 2], [1.0, 3.0, 5.0], 500,
+                  [(1.0 * k, r, 500.0, 500.0 * r, 0.5) for k in range(1, 4) for r in range(2)],
+                  summary={"env_steps": 15000, "wall_s": 30.0, "ranks": 2},
+                  config={"algo": algo, "env": "MinAtar/Breakout-v1"})
+    minatar("dqn", "dqn")
+    minatar("paac", "paac")
+    ref = analyze.PUBLISHED[("dqn", "MinAtar/Breakout-v1")][0]
+    assert (ref.value, ref.steps, ref.measure, ref.approx) == (10.0, 5_000_000, "training", True)
+    tables = analyze_cli(tmp_path / "dqn", tmp_path / "paac", "--out", tmp_path / "out")
+    assert tables["dqn"]["reference: MinAtar paper's DQN"] == \
+        "about 10 (training) at 5,000,000 env steps; this run stopped at 15,000"
+    assert not [k for k in tables["paac"] if k.startswith("reference")]
+    tables = analyze_cli(tmp_path / "dqn", "--no-published", "--out", tmp_path / "out2")
+    assert not [k for k in tables["dqn"] if k.startswith("reference")]
+    # Every published entry names where it comes from and says what it compares with.
+    for (algo, env), refs in analyze.PUBLISHED.items():
+        for r in refs:
+            assert r.source and r.measure in ("training", "evaluation") and r.steps, (algo, env)

@@ -6,6 +6,8 @@
 importing only those above it in this list:
 - `runs`: reading a run (load_run: every log segment, summary.json, config.json), what
   its config and layout say, its evaluations and training returns in order.
+- `references`: published results (PUBLISHED, the user's --reference) and a run's
+  values beside them (table_rows).
 - `table`: one run's numbers (run_stats) and the table that prints them (format_table).
 - `plots`: the PNG plots of a group of runs (write_plots).
 - `cli` (and `__main__`): `python -m pal_hpc.analyze`.
@@ -14,14 +16,18 @@ importing only those above it in this list:
 from pal_hpc.analyze.cli import main
 from pal_hpc.analyze.plots import (THROUGHPUT_POINTS, plot_learning_curves, plot_scaling,
                                    plot_throughput, role_series, write_plots)
+from pal_hpc.analyze.references import (PUBLISHED, Reference, parse_reference,
+                                        references_for, run_at, table_rows)
 from pal_hpc.analyze.runs import (ACTOR_BIT, LEARNER_BIT, TRAIN_WINDOW, Run, evaluations,
                                   group_key, group_runs, load_run, onpolicy_layout,
                                   rank_count, run_config, run_threshold, training_returns)
 from pal_hpc.analyze.table import (final_replay_fill, format_table, planned_rates,
                                    role_throughput, run_stats)
 
-__all__ = ["ACTOR_BIT", "LEARNER_BIT", "THROUGHPUT_POINTS", "TRAIN_WINDOW", "Run",
-           "evaluations", "final_replay_fill", "format_table", "group_key", "group_runs",
-           "load_run", "main", "onpolicy_layout", "planned_rates", "plot_learning_curves",
-           "plot_scaling", "plot_throughput", "rank_count", "role_series", "role_throughput",
-           "run_config", "run_stats", "run_threshold", "training_returns", "write_plots"]
+__all__ = ["ACTOR_BIT", "LEARNER_BIT", "PUBLISHED", "Reference", "Run", "THROUGHPUT_POINTS",
+           "TRAIN_WINDOW", "evaluations", "final_replay_fill", "format_table",
+           "group_key", "group_runs", "load_run", "main", "onpolicy_layout",
+           "parse_reference", "planned_rates", "plot_learning_curves", "plot_scaling",
+           "plot_throughput", "rank_count", "references_for", "role_series",
+           "role_throughput", "run_at", "run_config", "run_stats", "run_threshold",
+           "table_rows", "training_returns", "write_plots"]

@@ -1,6 +1,7 @@
 """Offline analysis of runs: a table per run and PNG plots.
 
     python -m pal_hpc.analyze RUN [RUN ...] [--threshold R] [--out DIR]
+                              [--reference LABEL=VALUE[@STEPS] ...] [--no-published]
 
 RUN is a run directory (holding `metrics.h5`, maybe more log segments `metrics.1.h5`...,
 and `summary.json`/`config.json` once the run has ended) or a `metrics.h5` path.  A run
@@ -10,6 +11,14 @@ analysed and the exit status is 1.
 
 Runs are grouped by (algorithm, environment).  A run counts as solved at its config's
 `target_return`; --threshold applies to runs without one.
+
+Published results go beside the runs they compare with: for an (algorithm,
+environment) the papers and libraries pal_hpc reproduces report on (the MinAtar
+paper's DQN, CleanRL's PPO; `pal_hpc.analyze.references` lists them with their
+sources), and for every --reference given, each run's table has a row with the
+reference and the run's own training return and greedy evaluation at the same env
+steps, and the learning curves show it as a dotted level (and a star where it was
+reported).  --no-published leaves out the built-in ones.
 
 Plots written into --out (default: the run's directory for one run, ./analysis for
 several), in a subdirectory per group when there are several groups:
@@ -26,6 +35,7 @@ import warnings
 from pathlib import Path
 
 from pal_hpc.analyze.plots import write_plots
+from pal_hpc.analyze.references import parse_reference, references_for, table_rows
 from pal_hpc.analyze.runs import Run, group_runs, load_run, run_threshold
 from pal_hpc.analyze.table import format_table, run_stats
 
@@ -61,7 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for the plots (default: the run's directory, or "
                              "./analysis for several runs)")
+    parser.add_argument("--reference", action="append", default=[], metavar="LABEL=VALUE[@STEPS]",
+                        help="a published return to show beside every group's runs, at "
+                             "STEPS env steps if given (repeatable; e.g. \"paper=10@5e6\")")
+    parser.add_argument("--no-published", action="store_true",
+                        help="leave out the built-in published results "
+                             "(pal_hpc.analyze.references)")
     args = parser.parse_args(argv)
+    user = []
+    for text in args.reference:
+        try:
+            user.append(parse_reference(text))
+        except ValueError as exc:
+            parser.error(f"--reference: {exc}")
     runs, failed = _load_all(args.runs)
     status = 1 if failed else 0
     if not runs:
@@ -73,12 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"### {algo} on {env}: {len(group)} run{'s' * (len(group) > 1)}\n")
         thresholds = [run_threshold(r, args.threshold) for r in group]
         stats = [run_stats(r, t) for r, t in zip(group, thresholds)]
+        refs = references_for(algo, env, user, published=not args.no_published)
         for run, s, t in zip(group, stats, thresholds):
-            print(format_table(run, s, t))
+            print(format_table(run, s, t, table_rows(run, refs)))
             print()
         out = out_root if len(groups) == 1 else out_root / f"{algo}-{env}".replace("/", "-")
         try:
-            for path in write_plots(group, stats, thresholds, out):
+            for path in write_plots(group, stats, thresholds, out, refs):
                 print(f"wrote {path}")
         except OSError as exc:
             hint = "" if args.out else "; pass --out DIR to write them elsewhere"

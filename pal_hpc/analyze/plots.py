@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pal_hpc.analyze.references import Reference
 from pal_hpc.analyze.runs import (ACTOR_BIT, LEARNER_BIT, TRAIN_WINDOW, Run, evaluations,
                                   training_returns)
 
@@ -22,10 +23,11 @@ def _pyplot():
 
 
 def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None],
-                         path: Path) -> None:
+                         path: Path, references: list[Reference] = ()) -> None:
     """Evaluation mean return (± std) against env steps (x="env_step") or wall time,
     the training episodes' rolling mean return as a thin dashed line of the same
-    colour, and a line at each run's threshold."""
+    colour, a line at each run's threshold, and the published `references`: a dotted
+    level each, and against env steps a star (± its spread) where it was reported."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
@@ -46,6 +48,7 @@ def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None]
     for threshold in sorted({t for t in thresholds if t is not None}):
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=1,
                    label=f"threshold {threshold:g}")
+    _draw_references(ax, references, x)
     ax.set_xlabel("env steps" if x == "env_step" else "wall time (s)")
     ax.set_ylabel("mean return (greedy evaluations; dashed: training episodes)")
     ax.set_title("Learning curve vs " + ("env steps" if x == "env_step" else "wall time"))
@@ -54,6 +57,20 @@ def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None]
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+REFERENCE_COLOURS = ("black", "tab:purple", "tab:brown", "tab:olive")
+
+
+def _draw_references(ax, references: list[Reference], x: str) -> None:
+    for i, ref in enumerate(references):
+        colour = REFERENCE_COLOURS[i % len(REFERENCE_COLOURS)]
+        ax.axhline(ref.value, color=colour, linestyle=":", linewidth=1.2,
+                   label=f"{ref.label}: {ref.describe()}")
+        if x == "env_step" and ref.steps is not None:
+            ax.errorbar([ref.steps], [ref.value], yerr=None if ref.spread is None
+                        else [[ref.spread], [ref.spread]], fmt="*", markersize=14,
+                        color=colour, capsize=5, zorder=5)
 
 
 def role_series(system: np.ndarray, bit: int, field: str) -> tuple[np.ndarray, np.ndarray]:
@@ -129,13 +146,14 @@ def plot_scaling(runs: list[Run], stats: list[dict], path: Path) -> None:
 
 
 def write_plots(runs: list[Run], stats: list[dict], thresholds: list[float | None],
-                out: Path) -> list[Path]:
-    """Every plot that applies to these runs (one group); returns the files written."""
+                out: Path, references: list[Reference] = ()) -> list[Path]:
+    """Every plot that applies to these runs (one group), the learning curves with the
+    group's `references`; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "learning_curve_steps.png", out / "learning_curve_wall.png",
                out / "throughput.png"]
-    plot_learning_curves(runs, "env_step", thresholds, written[0])
-    plot_learning_curves(runs, "wall_s", thresholds, written[1])
+    plot_learning_curves(runs, "env_step", thresholds, written[0], references)
+    plot_learning_curves(runs, "wall_s", thresholds, written[1], references)
     plot_throughput(runs, written[2])
     if len({s["ranks"] for s in stats if s["ranks"]}) >= 2:
         written.append(out / "scaling.png")

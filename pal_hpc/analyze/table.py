@@ -100,8 +100,10 @@ def _onpolicy_rows(stats: dict) -> list[tuple[str, str]]:
              _fmt(stats["learner_updates_per_s"], ",.1f"))]
 
 
-def format_table(run: Run, stats: dict, threshold: float | None) -> str:
-    """A two-column table of one run's numbers."""
+def format_table(run: Run, stats: dict, threshold: float | None,
+                 extra: list[tuple[str, str]] = ()) -> str:
+    """A two-column table of one run's numbers, then the `extra` rows (the
+    references')."""
     target = f"{threshold:g}" if threshold is not None else "threshold (none given)"
     rows = [
         ("status", "complete" if stats["complete"]
@@ -134,6 +136,7 @@ def format_table(run: Run, stats: dict, threshold: float | None) -> str:
         skipped = f" ({len(stats['unreadable'])} unreadable: " \
                   f"{', '.join(stats['unreadable'])})" if stats["unreadable"] else ""
         rows.append(("log segments", f"{stats['segments']}{skipped}"))
+    rows += list(extra)
     width = max(len(k) for k, _ in rows)
     lines = [f"== {run.name}  ({run.dir})"] + [f"  {k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
