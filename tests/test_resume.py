@@ -75,6 +75,13 @@ def test_sigterm_checkpoints_then_resume_carries_on(tmp_path):
     assert second["learner_params_identical"]
     assert second["work_left"] is False and second["exit_status"] == 0
     assert second["final_eval_return"] is not None
+    # The learner profile is per update of the process that made it: a resumed run's
+    # seconds over its own updates, not over the restored count as well.
+    assert first["learner_profile_updates"] == first["updates"]
+    assert second["learner_profile_updates"] == second["updates"] - first["updates"] > 0
+    for p in second["learner_profile"]:
+        profiled_s = p["wall_per_update"] * second["learner_profile_updates"] / 1e3
+        assert profiled_s <= second["wall_s"] - first["wall_s"] + 0.5, (p, first, second)
     # The log goes on from the checkpoint: no learner row of the resumed run counts its
     # env steps from 0 again (rows written before its first counter round could).
     steps = read_run_metrics(run_dir)["learner"]["env_step"]

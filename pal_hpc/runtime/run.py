@@ -136,6 +136,10 @@ class RankRun(Checkpointing, Summary):
             # checkpoint's: learner rows and schedules go on from there, not from 0.
             self.world.Allreduce(self.stats.mine, self.stats.total, op=MPI.SUM)
         self.start = time.monotonic() - self.restored.get("wall_s", 0.0)
+        # The learner profile covers this process's loop: after a resume, its parts are
+        # this process's seconds, so its wall and updates count from here too.
+        self._profile_from = (time.monotonic(),
+                              self.learner.updates if self.learner is not None else 0)
         # Rates count from here: after a resume, the restored counters are not this
         # run's work (they made the first throughput row spike).
         self._sys_last = (time.monotonic(),
@@ -330,12 +334,14 @@ class RankRun(Checkpointing, Summary):
             final_eval[:] = returns.sum(), len(returns)
         # Every learner must hold the same parameters: compare digests.
         digest = self.learner.algo.digest() if self.learner is not None else ""
-        mine = (digest, self._learner_profile(), self._rank_profile())
+        profile = self._learner_profile()
+        mine = (digest, profile, self._rank_profile(), self.profile_updates if profile else 0)
         gathered = world.gather(mine, root=0) or []
-        digests = [d for d, _, _ in gathered if d]
+        digests = [d for d, _, _, _ in gathered if d]
         self.final_digest = digests[0] if digests else ""
-        self.learner_profiles = [p for d, p, _ in gathered if d]
-        self.rank_profiles = [p for _, _, p in gathered if p]
+        self.learner_profiles = [p for d, p, _, _ in gathered if d]
+        self.rank_profiles = [p for _, _, p, _ in gathered if p]
+        self.profile_updates = max((n for _, _, _, n in gathered), default=0)
         totals = np.zeros(S.SIZE)
         world.Reduce(self.stats.mine, totals, op=MPI.SUM, root=0)
         world.Reduce(final_eval.copy(), final_eval, op=MPI.SUM, root=0)
@@ -368,15 +374,20 @@ class RankRun(Checkpointing, Summary):
         return {}
 
     def _learner_profile(self) -> dict:
-        """This learner's wall time per update by part, in ms; {} on an actor.  "reduce"
-        runs from an Allreduce's post to its completion, so it holds "sleep_reducing"
-        (and the rank's other work meanwhile); "loop_other" is the rest of the wall."""
+        """This learner's wall time per update by part, in ms, over the updates of this
+        process (`profile_updates`: a resumed run's restored ones are not its work); {}
+        on an actor.  "reduce" runs from an Allreduce's post to its completion, so it
+        holds "sleep_reducing" (and the rank's other work meanwhile); "loop_other" is the
+        rest of the wall."""
         lrn = self.learner
-        if lrn is None or lrn.updates == 0:
+        since, base = getattr(self, "_profile_from", None) or (self.start, 0)
+        updates = lrn.updates - base if lrn is not None else 0
+        if updates <= 0:
             return {}
-        wall = time.monotonic() - self.start
-        out = {k: 1e3 * v / lrn.updates for k, v in lrn.profile.items()}
-        out["loop_other"] = (1e3 * wall / lrn.updates - sum(out.values())
+        wall = time.monotonic() - since
+        out = {k: 1e3 * v / updates for k, v in lrn.profile.items()}
+        out["loop_other"] = (1e3 * wall / updates - sum(out.values())
                              + out["sleep_reducing"])
-        out["wall_per_update"] = 1e3 * wall / lrn.updates
+        out["wall_per_update"] = 1e3 * wall / updates
+        self.profile_updates = updates
         return {k: round(v, 4) for k, v in out.items()}

@@ -78,6 +78,10 @@ class Summary:
             # sleeps, and the rest of its loop): where a learner's time goes.
             "learner_profile": getattr(self, "learner_profiles", []),
         }
+        if summary["learner_profile"]:
+            # The updates those are per: this process's (a resume's restored ones are
+            # not its work, nor in its profile's seconds).
+            summary["learner_profile_updates"] = self.profile_updates
         if getattr(self, "rank_profiles", None):
             # --schedule sync: every rank's wall ms per round by phase (where a round's
             # time goes, waits included).
@@ -88,7 +92,8 @@ class Summary:
         _write_json(run_dir / "config.json", config_to_dict(cfg))
         _write_json(run_dir / "summary.json", summary)
         short = {k: v for k, v in summary.items()
-                 if k not in ("evaluations", "plan", "learner_profile", "round_profile")}
+                 if k not in ("evaluations", "plan", "learner_profile", "round_profile",
+                              "learner_profile_updates")}
         print("summary: " + json.dumps(short), flush=True)
         return summary
 
