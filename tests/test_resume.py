@@ -4,6 +4,7 @@ replay, and a run that finishes its budget exits 0."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -119,6 +120,19 @@ def test_resume_auto_starts_fresh_then_resumes(tmp_path):
     assert second.returncode == 0, second.stderr
     assert summary(run_dir)["resumed_from"] is not None
     assert summary(run_dir)["env_steps"] >= 3000
+    # --wall-time counts the run's time across resumes: a budget the run has already
+    # used says so at the resume, and the run stops at its first check, checkpointed.
+    used = summary(run_dir)["wall_s"]
+    third = run(main_cmd(2, run_dir, "--total-steps", "100000", "--resume", "auto",
+                         "--wall-time", f"{used / 2:.3f}"))
+    assert third.returncode == 0, third.stderr
+    m = re.search(r"warning: --wall-time (\S+) counts the run's wall time across resumes, "
+                  r"and ([\d,.]+) s of it are used", third.stdout)
+    assert m, third.stdout
+    assert float(m[1]) == float(f"{used / 2:.3f}")
+    assert used / 2 <= float(m[2].replace(",", "")) <= used + 0.05     # the checkpoint's
+    assert summary(run_dir)["stop_reason"].startswith("wall time"), summary(run_dir)
+    assert summary(run_dir)["env_steps"] < 100000
 
 
 def test_periodic_checkpoints_and_a_clean_resume(tmp_path):

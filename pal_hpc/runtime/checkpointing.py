@@ -31,6 +31,7 @@ from pal_hpc.replay.shards import write_shard
 from pal_hpc.runtime import resume_layout as RL
 from pal_hpc.runtime import resume_replay as RR
 from pal_hpc.runtime import stats as S
+from pal_hpc.runtime.coordinator import wall_budget_used
 
 
 class Checkpointing:
@@ -195,6 +196,8 @@ class Checkpointing:
             elif note:
                 line += f"; {note}"
             print(line, flush=True)
+            if used := wall_budget_used(self.cfg, self.restored.get("wall_s", 0.0)):
+                print(used, flush=True)
 
     def _layout_now(self) -> list:
         return [[r.node, r.is_actor, r.is_learner] for r in self.topo.roles]

@@ -18,6 +18,7 @@ from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.runtime import resume_layout as RL
 from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.checkpointing import Checkpointing
+from pal_hpc.runtime.coordinator import wall_budget_used
 
 
 class MasterCheckpointing(Checkpointing):
@@ -143,6 +144,8 @@ class MasterCheckpointing(Checkpointing):
                       f"counters re-dealt, RNG streams derived from (seed, update, rank)")
             print(f"pal_hpc: resumed from {path} (update {self.algo.updates}, "
                   f"{self.restored['global_base']:,} env steps{change})", flush=True)
+            if used := wall_budget_used(self.cfg, self.restored.get("wall_s", 0.0)):
+                print(used, flush=True)
 
 
 def _counters(saved: list) -> np.ndarray:
