@@ -34,6 +34,7 @@ import torch
 from pal_hpc.algos import ALGOS
 from pal_hpc.config import Config
 from pal_hpc.replay import SharedReplay
+from pal_hpc.runtime.threads import limit_threads
 from pal_hpc.runtime.nstep import transition_spec
 
 FRAMES = (4, 84, 84)
@@ -121,7 +122,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write {precision: {part: seconds per "
                     "update, \"total\": ...}} here (bench_continuous.py --ceiling reads it)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    limit_threads(args.threads)       # torch's threads and numpy's OpenBLAS, as the ranks
     torch.set_flush_denormal(True)
     Algo = ALGOS[args.algo]
     batch = args.batch or Config(algo=args.algo, **Algo.run_defaults).batch_size

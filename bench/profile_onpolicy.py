@@ -77,8 +77,9 @@ def build(algo: str, env_id: str, precision: str, num_envs: int | None, seed: in
     from pal_hpc.algos import ALGOS
     from pal_hpc.config_io import load_config
     from pal_hpc.envs import make_env
+    from pal_hpc.runtime.threads import limit_threads
 
-    torch.set_num_threads(1)
+    limit_threads(1)        # torch's threads and numpy's OpenBLAS, as the ranks
     argv = ["--algo", algo, "--env", env_id, "--precision", precision, "--seed", str(seed)]
     if num_envs:
         argv += ["--num-envs", str(num_envs)]

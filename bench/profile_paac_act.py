@@ -21,6 +21,7 @@ import torch
 
 from pal_hpc.algos.paac import PAAC, PAACConfig
 from pal_hpc.envs import make_env
+from pal_hpc.runtime.threads import limit_threads
 
 
 def per_call_us(fn, repeats: int) -> float:
@@ -44,7 +45,7 @@ def main() -> int:
                     help="one torso for policy and value (the zoo's A2C has two)")
     ap.add_argument("--repeats", type=int, default=3000)
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    limit_threads(1)        # torch's threads and numpy's OpenBLAS, as the ranks
     env = make_env(args.env, 0)
     cfg = PAACConfig(hidden=args.hidden, activation=args.activation,
                      shared_torso=args.shared_torso)

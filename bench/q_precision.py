@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from pal_hpc.algos.dqn import DQN, DQNConfig
 from pal_hpc.envs.make import is_atari, make_env
+from pal_hpc.runtime.threads import limit_threads
 
 
 def load(path: Path, env_id: str):
@@ -80,7 +81,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    limit_threads(1)        # torch's threads and numpy's OpenBLAS, as the ranks
     env, net = load(args.checkpoint, args.env)
     x = play(env, net, args.states, args.seed)
     q32 = scored(net, x, False)
