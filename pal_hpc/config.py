@@ -55,9 +55,7 @@ class Config:
                                                   "episode (the reset after it starts a new "
                                                   "game); evaluations play whole games")
     total_steps: int = _f(100_000, "environment steps to run, summed over all actors")
-    wall_time: float = _f(0.0, "stop with a checkpoint once the run has taken this many "
-                               "seconds, counted across resumes as total_steps is "
-                               "(0 = no limit)")
+    wall_time: float = _f(0.0, "stop after this many seconds, counted across resumes (0 = none)")
     seed: int = _f(0, f"base random seed in [0, {MAX_SEED}]; each rank derives its own "
                       "from it")
     run_dir: str = _f("", "output directory (empty = runs/<algo>-<env>-<UTC timestamp>); "

@@ -491,3 +491,35 @@ def test_published_results_come_with_their_algo_and_env(tmp_path):
     for (algo, env), refs in analyze.PUBLISHED.items():
         for r in refs:
             assert r.source and r.measure in ("training", "evaluation") and r.steps, (algo, env)
+
+
+def test_seeds_are_one_curve_with_their_spread(runs, tmp_path):
+    """--seeds: the group's runs averaged on the env steps they all reached, printed
+    (mean, lowest .. highest) and drawn; settings that differ beyond the seed named."""
+    out = tmp_path / "seeds"
+    tables, res = analyze_cli(runs["r1"], runs["r1b"], "--seeds", "--out", out, full=True)
+    # Both evaluate every 5,000 steps up to 50,000: r1 ends at 500, r1b at 440.
+    assert "greedy evaluation at 50,000 env steps: mean 470.0 (440.0 .. 500.0) over 2 runs" \
+        in res.stdout, res.stdout
+    # Training: 40 episodes each, fewer than the window: the mean of all of them by the end.
+    ep = np.linspace(100, 50000, 40).astype(int)
+    steps = 5000 * np.arange(1, 11)
+    ends = [(np.interp(ep, steps, ev) * 0.8).mean() for ev in
+            ([20, 45, 110, 230, 380, 470, 490, 500, 485, 500],
+             [10, 30, 80, 150, 250, 320, 380, 410, 430, 440])]
+    assert (f"training return at 50,000 env steps: mean {np.mean(ends):.1f} "
+            f"({min(ends):.1f} .. {max(ends):.1f}) over 2 runs") in res.stdout, res.stdout
+    assert "warning" not in res.stderr               # only target_return differs
+    with_seeds = check_png(out / "learning_curve_seeds.png")
+    assert with_seeds.shape[0] > 100
+    # Without --seeds: no such plot; with runs of different settings: a warning naming them.
+    analyze_cli(runs["r1"], runs["r1b"], "--out", tmp_path / "plain")
+    assert not (tmp_path / "plain" / "learning_curve_seeds.png").exists()
+    for name, gamma in (("g1", 0.9), ("g2", 0.99)):
+        write_run(tmp_path / name, 1, [3], [10, 20, 30], 1000, [(1.0, 0, 1000, 70, 0.5)],
+                  summary={"env_steps": 15000, "wall_s": 15.0, "ranks": 1},
+                  config={**CARTPOLE, "gamma": gamma, "seed": len(name)})
+    _, res = analyze_cli(tmp_path / "g1", tmp_path / "g2", "--seeds", "--out",
+                         tmp_path / "g", full=True)
+    assert "warning: --seeds: these runs differ in more than the seed: gamma" in res.stderr
+    assert "greedy evaluation at 15,000 env steps: mean 30.0 (30.0 .. 30.0)" in res.stdout

@@ -10,6 +10,7 @@ importing only those above it in this list:
   values beside them (table_rows).
 - `table`: one run's numbers (run_stats) and the table that prints them (format_table).
 - `plots`: the PNG plots of a group of runs (write_plots).
+- `seeds`: a group's runs as seeds of one setting: their mean and spread (--seeds).
 - `cli` (and `__main__`): `python -m pal_hpc.analyze`.
 """
 
@@ -21,13 +22,17 @@ from pal_hpc.analyze.references import (PUBLISHED, Reference, parse_reference,
 from pal_hpc.analyze.runs import (ACTOR_BIT, LEARNER_BIT, TRAIN_WINDOW, Run, evaluations,
                                   group_key, group_runs, load_run, onpolicy_layout,
                                   rank_count, run_config, run_threshold, training_returns)
+from pal_hpc.analyze.seeds import (CONFIG_BOOKKEEPING, SEED_GRID_POINTS, differing_settings,
+                                   plot_seeds, seed_curves, seed_rows)
 from pal_hpc.analyze.table import (final_replay_fill, format_table, planned_rates,
                                    role_throughput, run_stats)
 
-__all__ = ["ACTOR_BIT", "LEARNER_BIT", "PUBLISHED", "Reference", "Run", "THROUGHPUT_POINTS",
-           "TRAIN_WINDOW", "evaluations", "final_replay_fill", "format_table",
+__all__ = ["ACTOR_BIT", "CONFIG_BOOKKEEPING", "LEARNER_BIT", "PUBLISHED", "Reference", "Run",
+           "SEED_GRID_POINTS", "THROUGHPUT_POINTS", "TRAIN_WINDOW",
+           "differing_settings", "evaluations", "final_replay_fill", "format_table",
            "group_key", "group_runs", "load_run", "main", "onpolicy_layout",
            "parse_reference", "planned_rates", "plot_learning_curves", "plot_scaling",
-           "plot_throughput", "rank_count", "references_for", "role_series",
-           "role_throughput", "run_at", "run_config", "run_stats", "run_threshold",
-           "table_rows", "training_returns", "write_plots"]
+           "plot_seeds", "plot_throughput", "rank_count", "references_for",
+           "role_series", "role_throughput", "run_at", "run_config", "run_stats",
+           "run_threshold", "seed_curves", "seed_rows", "table_rows",
+           "training_returns", "write_plots"]

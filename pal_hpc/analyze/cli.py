@@ -2,6 +2,7 @@
 
     python -m pal_hpc.analyze RUN [RUN ...] [--threshold R] [--out DIR]
                               [--reference LABEL=VALUE[@STEPS] ...] [--no-published]
+                              [--seeds]
 
 RUN is a run directory (holding `metrics.h5`, maybe more log segments `metrics.1.h5`...,
 and `summary.json`/`config.json` once the run has ended) or a `metrics.h5` path.  A run
@@ -20,6 +21,11 @@ reference and the run's own training return and greedy evaluation at the same en
 steps, and the learning curves show it as a dotted level (and a star where it was
 reported).  --no-published leaves out the built-in ones.
 
+--seeds treats each group's runs as seeds of one setting: their mean and their
+lowest-to-highest band over the env steps all of them reached, printed and drawn in
+learning_curve_seeds.png (a warning names the settings that differ between them
+beyond the seed; `pal_hpc.analyze.seeds`).
+
 Plots written into --out (default: the run's directory for one run, ./analysis for
 several), in a subdirectory per group when there are several groups:
 learning_curve_steps.png, learning_curve_wall.png, throughput.png, and scaling.png when
@@ -37,6 +43,7 @@ from pathlib import Path
 from pal_hpc.analyze.plots import write_plots
 from pal_hpc.analyze.references import parse_reference, references_for, table_rows
 from pal_hpc.analyze.runs import Run, group_runs, load_run, run_threshold
+from pal_hpc.analyze.seeds import differing_settings, plot_seeds, seed_curves, seed_rows
 from pal_hpc.analyze.table import format_table, run_stats
 
 
@@ -77,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-published", action="store_true",
                         help="leave out the built-in published results "
                              "(pal_hpc.analyze.references)")
+    parser.add_argument("--seeds", action="store_true",
+                        help="each group's runs are seeds of one setting: also their mean "
+                             "and spread (learning_curve_seeds.png)")
     args = parser.parse_args(argv)
     user = []
     for text in args.reference:
@@ -100,9 +110,22 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table(run, s, t, table_rows(run, refs)))
             print()
         out = out_root if len(groups) == 1 else out_root / f"{algo}-{env}".replace("/", "-")
+        curves = seed_curves(group) if args.seeds and len(group) > 1 else {}
+        if args.seeds and len(group) > 1:
+            differ = differing_settings(group)
+            if differ:
+                print(f"warning: --seeds: these runs differ in more than the seed: "
+                      f"{', '.join(differ)}", file=sys.stderr)
+            print(f"seeds of {algo} on {env} ({len(group)} runs):")
+            print("\n".join(seed_rows(curves)) or "- no curve that two runs share")
+            print()
         try:
             for path in write_plots(group, stats, thresholds, out, refs):
                 print(f"wrote {path}")
+            if curves:
+                out.mkdir(parents=True, exist_ok=True)
+                plot_seeds(group, curves, out / "learning_curve_seeds.png", refs)
+                print(f"wrote {out / 'learning_curve_seeds.png'}")
         except OSError as exc:
             hint = "" if args.out else "; pass --out DIR to write them elsewhere"
             print(f"error: cannot write the plots to {out} "

@@ -15,7 +15,7 @@ from pal_hpc.analyze.runs import (ACTOR_BIT, LEARNER_BIT, TRAIN_WINDOW, Run, eva
 THROUGHPUT_POINTS = 200            # time grid of throughput.png
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -28,7 +28,7 @@ def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None]
     the training episodes' rolling mean return as a thin dashed line of the same
     colour, a line at each run's threshold, and the published `references`: a dotted
     level each, and against env steps a star (± its spread) where it was reported."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
         ev = evaluations(run)
@@ -48,7 +48,7 @@ def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None]
     for threshold in sorted({t for t in thresholds if t is not None}):
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=1,
                    label=f"threshold {threshold:g}")
-    _draw_references(ax, references, x)
+    draw_references(ax, references, x)
     ax.set_xlabel("env steps" if x == "env_step" else "wall time (s)")
     ax.set_ylabel("mean return (greedy evaluations; dashed: training episodes)")
     ax.set_title("Learning curve vs " + ("env steps" if x == "env_step" else "wall time"))
@@ -62,7 +62,7 @@ def plot_learning_curves(runs: list[Run], x: str, thresholds: list[float | None]
 REFERENCE_COLOURS = ("black", "tab:purple", "tab:brown", "tab:olive")
 
 
-def _draw_references(ax, references: list[Reference], x: str) -> None:
+def draw_references(ax, references: list[Reference], x: str) -> None:
     for i, ref in enumerate(references):
         colour = REFERENCE_COLOURS[i % len(REFERENCE_COLOURS)]
         ax.axhline(ref.value, color=colour, linestyle=":", linewidth=1.2,
@@ -92,7 +92,7 @@ def role_series(system: np.ndarray, bit: int, field: str) -> tuple[np.ndarray, n
 
 def plot_throughput(runs: list[Run], path: Path) -> None:
     """Job-wide env steps/s (actor ranks) and updates/s (learner ranks) over time."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     for run in runs:
         for ax, bit, field in ((top, ACTOR_BIT, "env_steps_per_s"),
@@ -115,7 +115,7 @@ def plot_scaling(runs: list[Run], stats: list[dict], path: Path) -> None:
     """Mean throughput against rank count, one point per run, with linear scaling from
     the smallest run for reference and, for runs planned at start-up, the planner's
     prediction."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, key, label in ((axes[0], "actor_env_steps_per_s", "env steps/s (actors)"),
                            (axes[1], "learner_updates_per_s", "updates/s (learners)")):
