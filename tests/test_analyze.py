@@ -482,7 +482,7 @@ def test_published_results_come_with_their_algo_and_env(tmp_path):
     ref = analyze.PUBLISHED[("dqn", "MinAtar/Breakout-v1")][0]
     assert (ref.value, ref.steps, ref.measure, ref.approx) == (10.0, 5_000_000, "training", True)
     tables = analyze_cli(tmp_path / "dqn", tmp_path / "paac", "--out", tmp_path / "out")
-    assert tables["dqn"]["reference: MinAtar paper's DQN"] == \
+    assert tables["dqn"]["reference: MinAtar paper's DQN (on -v0: all 6 actions)"] == \
         "about 10 (training) at 5,000,000 env steps; this run stopped at 15,000"
     assert not [k for k in tables["paac"] if k.startswith("reference")]
     tables = analyze_cli(tmp_path / "dqn", "--no-published", "--out", tmp_path / "out2")

@@ -62,6 +62,16 @@ def test_a_seed_replays_the_same_game():
     assert not np.array_equal(rollout(3), rollout(4))
 
 
+def test_only_a_minimal_action_set_id_gets_the_action_set_note():
+    from pal_hpc.envs.make import minatar_action_set_note
+
+    assert minatar_action_set_note("MinAtar/Breakout-v1").endswith(
+        "used all six actions (MinAtar/Breakout-v0)")
+    assert make_env("MinAtar/Breakout-v0", 0).action_space.n == 6
+    for env_id in ("MinAtar/Breakout-v0", "CartPole-v1", "ALE/Pong-v5"):
+        assert minatar_action_set_note(env_id) == ""
+
+
 def test_atari_keywords_are_refused_for_a_minatar_id():
     with pytest.raises(ConfigError, match="frame_stack: only for Atari"):
         make_env("MinAtar/Breakout-v1", 0, frame_stack=2)
@@ -165,6 +175,8 @@ def test_dqn_runs_on_a_minatar_game_and_resumes_exactly_on_another_layout(tmp_pa
                          cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "dqn on MinAtar/SpaceInvaders-v1" in res.stdout
+    assert ("note: MinAtar/SpaceInvaders-v1 has the game's minimal action set; the MinAtar "
+            "paper's results used all six actions (MinAtar/SpaceInvaders-v0)") in res.stdout
     first = summary(run_dir)
     assert first["env_steps"] >= 1500 and first["updates"] > 0
     ckpt = list_checkpoints(run_dir)[-1]
@@ -206,6 +218,7 @@ def test_the_lockstep_runtime_trains_on_a_minatar_game(tmp_path, algo):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = summary(run_dir)
     assert out["env_steps"] >= 2048 and out["final_eval_return"] is not None
+    assert "note: MinAtar/Breakout-v1 has the game's minimal action set" in res.stdout
     with h5py.File(list_checkpoints(run_dir)[-1], "r") as f:
         cfg = json.loads(f.attrs["config"])
     assert cfg[algo]["cnn"] == "minatar"

@@ -43,18 +43,20 @@ class Reference:
         return f"{value} ({self.measure}){at}"
 
 
-_MINATAR = ("Young & Tian 2019 (MinAtar): DQN's training returns at 5M frames, sticky "
-            "actions 0.1, averaged over 30 seeds; read off the paper's curves")
+_MINATAR = ("Young & Tian 2019 (MinAtar): DQN's training returns at 5M frames, all six "
+            "actions, sticky actions 0.1, averaged over 30 seeds; read off the paper's curves")
 _CLEANRL = "CleanRL's benchmark tables (Huang et al. 2022), mean +- std over 3 seeds"
 
 
-def _minatar_dqn(value: float) -> tuple[Reference, ...]:
-    return (Reference("MinAtar paper's DQN", value, 5_000_000, measure="training",
-                      approx=True, source=_MINATAR),)
+def _minatar_dqn(value: float, version: str) -> tuple[Reference, ...]:
+    # The paper's runs had all six actions, as the -v0 ids; -v1 has the minimal set.
+    label = "MinAtar paper's DQN" + (" (on -v0: all 6 actions)" if version == "v1" else "")
+    return (Reference(label, value, 5_000_000, measure="training", approx=True,
+                      source=_MINATAR),)
 
 
 PUBLISHED: dict[tuple[str, str], tuple[Reference, ...]] = {
-    **{("dqn", f"MinAtar/{game}-{v}"): _minatar_dqn(value)
+    **{("dqn", f"MinAtar/{game}-{v}"): _minatar_dqn(value, v)
        for game, value in (("Asterix", 17.0), ("Breakout", 10.0), ("Freeway", 50.0),
                            ("SpaceInvaders", 43.0))
        for v in ("v0", "v1")},

@@ -76,6 +76,16 @@ def is_minatar(env_id: str) -> bool:
         return False
 
 
+def minatar_action_set_note(env_id: str) -> str:
+    """A start-up note for a MinAtar -v1 id (the game's minimal action set): the MinAtar
+    paper's results, which its curves and pal_hpc.analyze's references show, used all
+    six actions, the -v0 ids; "" for any other id."""
+    if not (env_id.endswith("-v1") and is_minatar(env_id)):
+        return ""
+    return (f"pal_hpc: note: {env_id} has the game's minimal action set; the MinAtar "
+            f"paper's results used all six actions ({env_id[:-1]}0)")
+
+
 def _minatar_namespace(env_id: str) -> bool:
     """Whether `env_id` is in MinAtar's namespace: only those ids import `minatar.gym`,
     which imports matplotlib.pyplot (0.5 s of every rank's start-up otherwise)."""

@@ -34,6 +34,7 @@ from pal_hpc.runtime.actor import Actor
 from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
 from pal_hpc.envs import action_info, make_env, obs_info
+from pal_hpc.envs.make import minatar_action_set_note
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
 from pal_hpc.runtime.learner import METRICS_EVERY, Learner
 from pal_hpc.runtime.pacing import IDLE_SLEEP, REDUCING_SLEEP, tighten_timer_slack
@@ -308,6 +309,8 @@ class RankRun(Checkpointing, Summary):
               f"({self.replay.bytes_per_transition:.0f} B/transition, "
               f"{self.replay.nbytes / 2**30:.2f} GiB per node"
               + (", frames stored once" if self.actor_frames() else "") + ")", flush=True)
+        if note := minatar_action_set_note(cfg.env):
+            print(note, flush=True)
 
     def actor_frames(self) -> bool:
         """Whether the replay stores each frame once (a FrameStackReplay)."""

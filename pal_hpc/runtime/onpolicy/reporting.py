@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from pal_hpc.envs.make import minatar_action_set_note
 from pal_hpc.runtime.coordinator import Coordinator
 from pal_hpc.runtime.onpolicy.layout import MASTER_ALONE_BELOW_S
 from pal_hpc.runtime.telemetry import open_job_log, rss_mb
@@ -63,6 +64,8 @@ class MasterReporting:
               f"{self.n_actors} worker ranks{self._idle_note()}); t_max {self.t_max}, "
               f"{self.steps_per_round:,} env steps per update, device {self.algo.device}",
               flush=True)
+        if note := minatar_action_set_note(cfg.env):
+            print(note, flush=True)
 
     def _idle_note(self) -> str:
         """Why worker ranks have nothing to step, for the start-up line."""
