@@ -523,3 +523,51 @@ def test_seeds_are_one_curve_with_their_spread(runs, tmp_path):
                          tmp_path / "g", full=True)
     assert "warning: --seeds: these runs differ in more than the seed: gamma" in res.stderr
     assert "greedy evaluation at 15,000 env steps: mean 30.0 (30.0 .. 30.0)" in res.stdout
+
+
+def test_exported_curves_stand_in_for_the_run(runs, tmp_path):
+    """--export-curves writes a small JSON of a run's curves; read back as a RUN it gives
+    the same table rows that do not need the system stream, the same curves and works
+    with --seeds; a file that is not one is named, the others still analysed."""
+    export = tmp_path / "curves"
+    full = analyze_cli(runs["r1"], runs["r2"], "--export-curves", export,
+                       "--out", tmp_path / "a")
+    files = sorted(p.name for p in export.iterdir())
+    assert files == ["r1.curves.json", "r2.curves.json"]
+    assert all((export / f).stat().st_size < 20_000 for f in files)
+    back = analyze_cli(export / "r1.curves.json", export / "r2.curves.json",
+                       "--out", tmp_path / "b")
+    for name in ("r1", "r2"):
+        for row in ("status", "ranks", "env steps", "wall time", "evaluations",
+                    "final eval return", "best eval return", "env steps to 475",
+                    "seconds to 475"):
+            assert back[name][row] == full[name][row], (name, row)
+    # The plots of the curves alone: the learning curves, no throughput (not kept).
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == \
+        ["learning_curve_steps.png", "learning_curve_wall.png"]
+    a = check_png(tmp_path / "a" / "learning_curve_steps.png")
+    b = check_png(tmp_path / "b" / "learning_curve_steps.png")
+    assert a.shape == b.shape and np.abs(a - b).mean() < 0.01      # the same curves
+    run = analyze.load_curves(export / "r1.curves.json")
+    np.testing.assert_allclose(analyze.training_returns(run, by="env_step")["mean_return"],
+                               analyze.training_returns(analyze.load_run(runs["r1"]),
+                                                        by="env_step")["mean_return"],
+                               atol=1e-4)
+    _, res = analyze_cli(export / "r1.curves.json", runs["r1b"], "--seeds", "--out",
+                         tmp_path / "c", full=True)
+    assert "greedy evaluation at 50,000 env steps: mean 470.0 (440.0 .. 500.0)" in res.stdout
+    # Not a curves file, another version, a column missing: named, exit 1, rest analysed.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.curves.json").write_text("{not json")
+    doc = json.loads((export / "r1.curves.json").read_text())
+    (bad / "v9.curves.json").write_text(json.dumps({**doc, "version": 9}))
+    (bad / "nocol.curves.json").write_text(json.dumps(
+        {**doc, "training": {k: v for k, v in doc["training"].items() if k != "wall_s"}}))
+    tables, res = analyze_cli(bad / "x.curves.json", bad / "v9.curves.json",
+                              bad / "nocol.curves.json", export / "r2.curves.json",
+                              "--out", tmp_path / "d", status=1, full=True)
+    assert f"{bad / 'x.curves.json'}: not a readable curves file" in res.stderr
+    assert f"{bad / 'v9.curves.json'}: curves format version 9" in res.stderr
+    assert f"{bad / 'nocol.curves.json'}: 'training' must have the columns" in res.stderr
+    assert list(tables) == ["r2"]

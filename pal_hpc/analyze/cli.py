@@ -2,10 +2,12 @@
 
     python -m pal_hpc.analyze RUN [RUN ...] [--threshold R] [--out DIR]
                               [--reference LABEL=VALUE[@STEPS] ...] [--no-published]
-                              [--seeds]
+                              [--seeds] [--export-curves DIR]
 
 RUN is a run directory (holding `metrics.h5`, maybe more log segments `metrics.1.h5`...,
-and `summary.json`/`config.json` once the run has ended) or a `metrics.h5` path.  A run
+and `summary.json`/`config.json` once the run has ended), a `metrics.h5` path, or a
+`<run>.curves.json` that --export-curves wrote (the curves without the log:
+`pal_hpc.analyze.curves`).  A run
 still in progress or killed (no `summary.json`) is analysed from what its log holds so
 far.  A RUN that cannot be read is reported, naming the file; the others are still
 analysed and the exit status is 1.
@@ -40,6 +42,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from pal_hpc.analyze.curves import SUFFIX, export_curves, load_curves
 from pal_hpc.analyze.plots import write_plots
 from pal_hpc.analyze.references import parse_reference, references_for, table_rows
 from pal_hpc.analyze.runs import Run, group_runs, load_run, run_threshold
@@ -55,7 +58,7 @@ def _load_all(paths: list[str]) -> tuple[list[Run], int]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                runs.append(load_run(path))
+                runs.append(load_curves(path) if str(path).endswith(SUFFIX) else load_run(path))
             except OSError as exc:      # its message names the file and says why
                 print(f"error: {exc}", file=sys.stderr)
                 failed += 1
@@ -84,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-published", action="store_true",
                         help="leave out the built-in published results "
                              "(pal_hpc.analyze.references)")
+    parser.add_argument("--export-curves", type=Path, default=None, metavar="DIR",
+                        help="also write each run's curves, config and summary to "
+                             "DIR/<run>.curves.json (about 100 kB; a RUN may be such a file)")
     parser.add_argument("--seeds", action="store_true",
                         help="each group's runs are seeds of one setting: also their mean "
                              "and spread (learning_curve_seeds.png)")
@@ -98,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     status = 1 if failed else 0
     if not runs:
         return status
+    for run in runs if args.export_curves else ():
+        try:
+            print(f"wrote {export_curves(run, args.export_curves)}")
+        except OSError as exc:
+            print(f"error: cannot write {run.name}'s curves to {args.export_curves} "
+                  f"({exc.strerror or exc})", file=sys.stderr)
+            status = 1
     groups = group_runs(runs)
     out_root = args.out or (runs[0].dir if len(runs) == 1 else Path("analysis"))
     for (algo, env), group in groups.items():

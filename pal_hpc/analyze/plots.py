@@ -148,14 +148,17 @@ def plot_scaling(runs: list[Run], stats: list[dict], path: Path) -> None:
 def write_plots(runs: list[Run], stats: list[dict], thresholds: list[float | None],
                 out: Path, references: list[Reference] = ()) -> list[Path]:
     """Every plot that applies to these runs (one group), the learning curves with the
-    group's `references`; returns the files written."""
+    group's `references`; throughput and scaling only where a run has its system rows
+    (a curves file has none).  Returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "learning_curve_steps.png", out / "learning_curve_wall.png",
-               out / "throughput.png"]
+    written = [out / "learning_curve_steps.png", out / "learning_curve_wall.png"]
     plot_learning_curves(runs, "env_step", thresholds, written[0], references)
     plot_learning_curves(runs, "wall_s", thresholds, written[1], references)
-    plot_throughput(runs, written[2])
-    if len({s["ranks"] for s in stats if s["ranks"]}) >= 2:
+    measured = any(len(run.metrics["system"]) for run in runs)   # curves files keep none
+    if measured:
+        written.append(out / "throughput.png")
+        plot_throughput(runs, written[-1])
+    if measured and len({s["ranks"] for s in stats if s["ranks"]}) >= 2:
         written.append(out / "scaling.png")
         plot_scaling(runs, stats, written[-1])
     return written

@@ -111,11 +111,16 @@ def training_returns(run: Run, window: int = TRAIN_WINDOW, by: str = "wall_s"
     end, as rows (env_step, wall_s, mean_return) in the order of `by` ("wall_s": the
     order they ended; "env_step": the job's env step at their end, which rows from
     different actors reach in another order), the other as the tie-break; None without
-    episodes.  Smoother than a few greedy evaluations, but of the exploring policy."""
+    episodes.  Smoother than a few greedy evaluations, but of the exploring policy.
+    A run read from a curves file (`pal_hpc.analyze.curves`) has these rows already,
+    thinned, at the file's window."""
+    other = {"wall_s": "env_step", "env_step": "wall_s"}[by]
+    kept = run.metrics.get("training")
+    if kept is not None:
+        return kept[np.lexsort((kept[other], kept[by]))] if len(kept) else None
     ep = run.metrics.get("episodes")
     if ep is None or not len(ep):
         return None
-    other = {"wall_s": "env_step", "env_step": "wall_s"}[by]
     ep = ep[np.lexsort((ep[other], ep[by]))]
     ret = ep["return"].astype(np.float64)
     csum = np.concatenate([[0.0], np.cumsum(ret)])
