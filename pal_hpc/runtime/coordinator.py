@@ -16,9 +16,9 @@ def wall_budget_used(cfg, restored_wall_s: float) -> str:
     """A warning for a resume whose --wall-time (which counts the run's wall time across
     resumes, as --total-steps counts its steps) is already used up; "" otherwise."""
     if cfg.wall_time > 0 and restored_wall_s >= cfg.wall_time:
-        return (f"warning: --wall-time {cfg.wall_time:g} counts the run's wall time across "
-                f"resumes, and {restored_wall_s:,.1f} s of it are used: this run stops at "
-                f"its first check; give a larger --wall-time to go on")
+        return (f"pal_hpc: warning: --wall-time {cfg.wall_time:g} counts the run's wall time "
+                f"across resumes, and {restored_wall_s:,.1f} s of it are used: this run stops "
+                f"at its first check; give a larger --wall-time to go on")
     return ""
 
 
