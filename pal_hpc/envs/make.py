@@ -3,6 +3,8 @@ MinAtar ids as uint8 frames channels first."""
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 
@@ -210,8 +212,13 @@ def minatar_env(env_id: str, **kwargs) -> gym.Env:
     The game keeps the package's defaults, the paper's: sticky actions with
     probability 0.1 and difficulty ramping (`kwargs` go to the game: sticky_action_prob,
     difficulty_ramping).  Episodes end only by the game's own rules (no time limit, as
-    in the paper; Freeway ends after 2,500 steps)."""
-    env = gym.make(env_id, **kwargs)
+    in the paper; Freeway ends after 2,500 steps).
+
+    gymnasium calls a -v0 id "out of date" beside its -v1; for MinAtar the two are
+    different action sets, -v0 the paper's, so that warning is not passed on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*MinAtar/.*-v0 is out of date")
+        env = gym.make(env_id, **kwargs)
     h, w, c = env.observation_space.shape
     box = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
     return gym.wrappers.TransformObservation(
