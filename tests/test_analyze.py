@@ -452,6 +452,39 @@ def test_a_reference_stands_beside_the_run_at_its_env_steps(runs, tmp_path):
         "1 (training) at 1,000,000 env steps; this run stopped at 50,000"
 
 
+def test_at_steps_prints_each_runs_training_and_greedy_returns_there(runs, tmp_path):
+    """--at: a Markdown table per group, two rows a run, worked out by hand; a step past
+    a run's end is "-", and bad steps are refused naming the value."""
+    _, res = analyze_cli(runs["r1"], runs["r1b"], "--at", "30_000,1e4,1e4,9e4", "--out",
+                         tmp_path, full=True)
+    ep = np.linspace(100, 50000, 40).astype(int)
+    steps = 5000 * np.arange(1, 11)
+
+    def training(evals, by):
+        return (np.interp(ep, steps, evals) * 0.8)[ep <= by].mean()
+
+    r1 = [20, 45, 110, 230, 380, 470, 490, 500, 485, 500]
+    r1b = [10, 30, 80, 150, 250, 320, 380, 410, 430, 440]
+    table = [line for line in res.stdout.splitlines() if line.startswith("|")]
+    assert table == [
+        "| run | env steps | 10k | 30k | 90k |",
+        "|---|---|---:|---:|---:|",
+        f"| r1 | training return (last 100 episodes) | {training(r1, 10000):.1f} | "
+        f"{training(r1, 30000):.1f} | - |",
+        "| | greedy evaluation (nearest) | 45.0 | 470.0 | - |",
+        f"| r1b | training return (last 100 episodes) | {training(r1b, 10000):.1f} | "
+        f"{training(r1b, 30000):.1f} | - |",
+        "| | greedy evaluation (nearest) | 30.0 | 320.0 | - |"]
+    for bad, message in (("1e6,ten", "'ten' is not a number of env steps"),
+                         ("0", "'0' is not a whole number of env steps >= 1"),
+                         ("2.5", "'2.5' is not a whole number")):
+        res = subprocess.run([sys.executable, "-m", "pal_hpc.analyze", str(runs["r1"]),
+                              "--at", bad, "--out", str(tmp_path / "bad")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and f"--at: {message}" in res.stderr, res.stderr
+        assert not (tmp_path / "bad").exists()      # refused before anything was written
+
+
 @pytest.mark.parametrize("text, message", [
     ("paper", "expected LABEL=VALUE[@STEPS]"),
     ("=10", "expected LABEL=VALUE[@STEPS]"),

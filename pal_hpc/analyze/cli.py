@@ -2,7 +2,7 @@
 
     python -m pal_hpc.analyze RUN [RUN ...] [--threshold R] [--out DIR]
                               [--reference LABEL=VALUE[@STEPS] ...] [--no-published]
-                              [--seeds] [--export-curves DIR]
+                              [--seeds] [--export-curves DIR] [--at STEPS,...]
 
 RUN is a run directory (holding `metrics.h5`, maybe more log segments `metrics.1.h5`...,
 and `summary.json`/`config.json` once the run has ended), a `metrics.h5` path, or a
@@ -28,6 +28,10 @@ lowest-to-highest band over the env steps all of them reached, printed and drawn
 learning_curve_seeds.png (a warning names the settings that differ between them
 beyond the seed; `pal_hpc.analyze.seeds`).
 
+--at 5e5,1e6,... prints each group's runs at those env steps as a Markdown table:
+the training return (rolling mean of the last 100 episodes ended by then) and the
+greedy evaluation nearest to them (`pal_hpc.analyze.at_steps`).
+
 Plots written into --out (default: the run's directory for one run, ./analysis for
 several), in a subdirectory per group when there are several groups:
 learning_curve_steps.png, learning_curve_wall.png, throughput.png, and scaling.png when
@@ -42,6 +46,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from pal_hpc.analyze.at_steps import parse_steps, steps_table
 from pal_hpc.analyze.curves import SUFFIX, export_curves, load_curves
 from pal_hpc.analyze.plots import write_plots
 from pal_hpc.analyze.references import parse_reference, references_for, table_rows
@@ -93,7 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", action="store_true",
                         help="each group's runs are seeds of one setting: also their mean "
                              "and spread (learning_curve_seeds.png)")
+    parser.add_argument("--at", default=None, metavar="STEPS,...",
+                        help="also print each group's training return and greedy evaluation "
+                             "at these env steps as a Markdown table (e.g. 5e5,1e6,5e6)")
     args = parser.parse_args(argv)
+    try:
+        at = parse_steps(args.at) if args.at is not None else []
+    except ValueError as exc:
+        parser.error(f"--at: {exc}")
     user = []
     for text in args.reference:
         try:
@@ -121,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         refs = references_for(algo, env, user, published=not args.no_published)
         for run, s, t in zip(group, stats, thresholds):
             print(format_table(run, s, t, table_rows(run, refs)))
+            print()
+        if at:
+            print(steps_table(group, at))
             print()
         out = out_root if len(groups) == 1 else out_root / f"{algo}-{env}".replace("/", "-")
         curves = seed_curves(group) if args.seeds and len(group) > 1 else {}
