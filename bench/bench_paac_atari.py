@@ -70,8 +70,7 @@ GOAL = 3.0          # pal_hpc at -n 4 at least this many times SB3's env steps/s
 GOAL_NP = 4
 CEILING_GOAL = 0.9  # of the ceiling, at the default layout (-n 4)
 VARIANTS = {"fp32": [], "fp32-async": ["--async-update"], "bf16": ["--precision", "bf16"],
-            "bf16-async": ["--precision", "bf16", "--async-update"],
-            "bf16-async-pipe": ["--precision", "bf16", "--async-update", "--pipeline"]}
+            "bf16-async": ["--precision", "bf16", "--async-update"]}
 
 
 def env_count(wanted: int, workers: int) -> int:

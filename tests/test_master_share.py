@@ -207,33 +207,6 @@ def test_paac_is_bit_identical_with_and_without_the_share(tmp_path):
 
 
 @pytest.mark.mpi
-def test_a_pipelined_rollout_is_reproducible_and_changes_nothing_without_a_share(tmp_path):
-    """--pipeline: beside a worker with a share (-n 2, the master stepping 3 of 8 envs)
-    the master acts for the worker's envs, starts their step, then acts for its own.
-    The same seed gives the same parameters and episodes again; they differ from one
-    act a step (its draws come in another order), every env plays; on a layout without
-    a share (-n 1) it changes nothing, bit for bit."""
-    base = ["--num-envs", "8", "--total-steps", "2000"]
-    runs = {"pipe": (2, ["--master-envs", "3", "--pipeline"]),
-            "pipe-again": (2, ["--master-envs", "3", "--pipeline"]),
-            "one-act": (2, ["--master-envs", "3"]),
-            "n1-pipe": (1, ["--pipeline"]), "n1": (1, [])}
-    results = {}
-    for name, (n, flags) in runs.items():
-        proc = _launch(n, tmp_path / name, *base, *flags)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        results[name] = _result(tmp_path / name)
-    s, digest, rows = results["pipe"]
-    assert s["pipelined"] is True and s["master_envs"] == [3] and s["env_workers"] == 1
-    assert results["pipe-again"][1:] == (digest, rows)
-    assert {r[1] for r in rows} == set(range(8)) and len(rows) > 20
-    assert results["one-act"][0]["pipelined"] is False
-    assert results["one-act"][1] != digest
-    assert results["n1-pipe"][0]["pipelined"] is False
-    assert results["n1-pipe"][1:] == results["n1"][1:]
-
-
-@pytest.mark.mpi
 def test_virtual_nodes_with_a_share_match_and_resume_exactly(tmp_path):
     """Two virtual nodes of 2 ranks (a master and one worker each), the master stepping
     4 of its node's 8 envs: the same digest as without the share, masters identical;

@@ -231,7 +231,6 @@ class LockstepVectorEnv(LockstepAPI, VectorEnv):
         self._memory = self._share = self._free = self._views = self._master = None
         self._state, self._orphan, self._local = "default", None, None
         self._local_op = None             # the command the master's share runs in the wait
-        self._share_later = False         # the step in flight waits for the share's actions
 
     def _describe(self, env: gym.Env, n: int) -> None:
         self.num_envs = n

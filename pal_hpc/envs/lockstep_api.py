@@ -82,22 +82,14 @@ class LockstepAPI:
         self.step_async(actions)
         return self.step_wait()
 
-    def step_async(self, actions, *, share_later: bool = False) -> None:
-        """Hand the actions to the workers and return at once; `step_wait` collects.
-
-        `share_later`: the master's own envs (the first `master_envs`) take their actions
-        from `step_wait(share_actions=...)`, not `actions`: the master chooses them while
-        the workers step theirs (a pipelined rollout).  Fixed-size action spaces only."""
+    def step_async(self, actions) -> None:
+        """Hand the actions to the workers and return at once; `step_wait` collects."""
         self._check_open()
         self._check_idle("step_async")
-        if share_later and not self._act_plan.fixed:
-            raise ValueError(f"share_later: needs an action space of fixed-size arrays, "
-                             f"not {self.action_space}")
         if self._act_plan.fixed:
             leaves = self._checked(actions)
             for view, leaf in zip(self._views.act, leaves):
                 np.copyto(view, leaf, casting="unsafe")
-            self._share_later = share_later and self._share is not None
             self._start(OP_STEP, "step", None)
         else:
             items = list(iterate(self.action_space, actions))
@@ -105,21 +97,9 @@ class LockstepAPI:
                 raise ValueError(f"actions: {len(items)} actions for num_envs={self.num_envs}")
             self._start(OP_STEP, "step", items)
 
-    def step_wait(self, timeout: float | None = None, *, share_actions=None):
+    def step_wait(self, timeout: float | None = None):
         """The results of the step started by `step_async` (a worker's exception is raised
-        here, after gymnasium's log of it; the env is closed then).  `share_actions`: the
-        master's own envs' actions, for a step started with `share_later` (only then)."""
-        if (share_actions is not None) != (self._state == "step" and self._share_later):
-            raise ValueError("share_actions: exactly for a step started with share_later "
-                             "on a master that has envs of its own")
-        if share_actions is not None:
-            m = self.master_envs
-            leaves = self._checked_rows(share_actions, m)
-            for view, leaf in zip(self._views.act, leaves):
-                np.copyto(view[:m], leaf, casting="unsafe")
-            self._share_later = False
-            if not self.num_workers:
-                self._local = self._run_share()
+        here, after gymnasium's log of it; the env is closed then)."""
         outs = self._finish("step", timeout)
         v = self._views
         return (self._observations(outs), v.rew.copy(), v.term.copy(), v.trunc.copy(),
@@ -203,10 +183,7 @@ class LockstepAPI:
         if self.num_workers:
             self._master.post(op)
         if self._share is not None and not self.num_workers:
-            if self._share_later:         # stepped once step_wait has its actions
-                self._local_op = op
-            else:
-                self._local = self._share.run(op)
+            self._local = self._share.run(op)
         elif self._share is not None:     # the master's share: stepped in the wait
             self._local_op = op
         self._state = what
@@ -300,10 +277,6 @@ class LockstepAPI:
 
     def _checked(self, actions) -> list[np.ndarray]:
         """The action leaves as arrays, or an error before any worker sees them."""
-        return self._checked_rows(actions, self.num_envs)
-
-    def _checked_rows(self, actions, rows: int) -> list[np.ndarray]:
-        """`_checked` for `rows` environments' actions."""
         plan = self._act_plan
         if getattr(self, "_checks", None) is None:
             self._checks = action_checks(plan)
@@ -311,14 +284,14 @@ class LockstepAPI:
             a = np.asarray(actions)
             if a.ndim == 0:
                 raise TypeError(f"actions: a scalar {actions!r}; expected one action for each "
-                                f"of the {rows} environments")
-            return [self._checks[0](a, rows)]
+                                f"of the {self.num_envs} environments")
+            return [self._checks[0](a, self.num_envs)]
         try:
             parts = plan.split(actions)
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"actions: {type(actions).__name__} does not match "
                              f"{self.action_space} ({exc})") from None
-        return [check(np.asarray(p), rows) for check, p in zip(self._checks, parts)]
+        return [check(np.asarray(p), self.num_envs) for check, p in zip(self._checks, parts)]
 
     # ------------------------------------------------------------------ closing
 

@@ -124,21 +124,17 @@ class ActionCheck:
         self.lo, self.hi, self.lo_max, self.hi_min = lo, hi, lo.max(), hi.min()
 
     def __call__(self, a: np.ndarray, num_envs: int) -> np.ndarray:
-        """`num_envs`: the batch's, or fewer for the first `num_envs` envs' actions."""
-        full = num_envs == self.space.shape[0]
-        shape = self.space.shape if full else (num_envs, *self.space.shape[1:])
-        if a.shape != shape:
-            raise ValueError(f"actions: shape {a.shape}, expected {shape} (one "
+        if a.shape != self.space.shape:
+            raise ValueError(f"actions: shape {a.shape}, expected {self.space.shape} (one "
                              f"{self.single} action for each of the {num_envs} environments)")
         if a.dtype.kind not in self.kinds:
             raise ValueError(f"actions: dtype {a.dtype} for {self.single}; expected {self.what}")
         c = a.astype(self.space.dtype, copy=False) if isinstance(self.space, Box) else a
         # Fast path: every action within the tightest bounds.  NaN fails every
         # comparison, so it reaches the full check and is caught there.
-        lo, hi = (self.lo, self.hi) if full else (self.lo[:num_envs], self.hi[:num_envs])
         if not (c.min() >= self.lo_max and c.max() <= self.hi_min) and \
-                not ((c >= lo) & (c <= hi)).all():
-            ok = (c >= lo) & (c <= hi)
+                not ((c >= self.lo) & (c <= self.hi)).all():
+            ok = (c >= self.lo) & (c <= self.hi)
             bad = np.argwhere(~ok.reshape(num_envs, -1).all(axis=1))[0, 0]
             raise ValueError(f"actions: env {bad}'s action {a[bad].tolist()!r} is not in "
                              f"{self.single}")

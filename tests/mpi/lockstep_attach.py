@@ -2,8 +2,7 @@
 
 Rank 0 is the master and steps the batch; the other ranks are workers in the node's
 shared window.  The master checks every step against SyncVectorEnv with the same seeds
-(bit for bit), including a partial reset and, with a share, pipelined steps (the
-share's actions given at `step_wait`); pass/fail is combined over all ranks.
+(bit for bit), including a partial reset; pass/fail is combined over all ranks.
 argv[1], if given: the master's share (`master_envs`), the envs it steps itself.
 argv[1] == "fail": the master's environment raises while it is built: rank 0 gets that
 error and every worker a RuntimeError naming rank 0 (nobody waits for ever)."""
@@ -61,17 +60,9 @@ def main():
         space = ref.action_space
         space.seed(5)
         ends = 0
-        m = env.master_envs
         for t in range(STEPS):
             a = space.sample()
-            if t % 2 and m:
-                # Pipelined: the share's actions come at the wait; what step_async had
-                # for them (the other action) must not be what they step with.
-                env.step_async(np.where(np.arange(N_ENVS) < m, 1 - a, a), share_later=True)
-                r1 = env.step_wait(share_actions=a[:m])
-            else:
-                r1 = env.step(a)
-            r2 = ref.step(a)
+            r1, r2 = env.step(a), ref.step(a)
             ok &= all(np.array_equal(x, y) for x, y in zip(r1[:4], r2[:4]))
             ok &= bool(np.array_equal(r1[4].get("_episode", False), r2[4].get("_episode", False)))
             ends += int(r1[2].sum() + r1[3].sum())
@@ -82,13 +73,6 @@ def main():
                 o2, _ = ref.reset(seed=9, options={"reset_mask": mask.copy()})
                 ok &= bool(np.array_equal(o1, o2))
         ok &= ends > 10
-        try:                       # share actions for a step not started to take them
-            env.step_async(space.sample())
-            env.step_wait(share_actions=space.sample()[:1])
-            ok = False
-        except ValueError as exc:
-            ok &= "share_later" in str(exc)
-        env.step_wait()            # the step itself is still there to collect
         ok &= len(env.worker_pids) == node.Get_size() - 1
         workers = node.Get_size() - 1
         ok &= env.master_envs == (share if workers else N_ENVS)

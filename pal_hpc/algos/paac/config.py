@@ -116,13 +116,6 @@ class PAACConfig(AlgoConfig):
                                    "its data (a round of policy lag, as A3C-style "
                                    "asynchronous updates).  The update then hides behind "
                                    "the environments; off = the paper's synchronous rounds")
-    pipeline: bool = _f(False, "on a node whose master steps a share of the envs beside env "
-                               "workers (--master-envs): act for the workers' envs first and "
-                               "hand them their actions, then act for the master's own while "
-                               "they step, so the workers do not wait for that act.  Two "
-                               "forward passes a step instead of one: the same policy, but "
-                               "the random draws (so a run's numbers) then depend on the "
-                               "share; no effect on other layouts")
 
     def validate(self) -> None:
         super().validate()

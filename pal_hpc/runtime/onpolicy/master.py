@@ -102,7 +102,6 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
         self.node_steps = 0              # env steps of this node's environments
         self.next_eval = cfg.eval_every if cfg.eval_every > 0 else float("inf")
         self.times = {k: 0.0 for k in TIMES}
-        self.pipelined = False           # PAAC's --pipeline in effect on this node
         self._checkpoint_asked = False   # rank 0: vote for a checkpoint in the next update
         self.rng = np.random.default_rng([cfg.seed, 2, self.node_index])
         if self.is_master:
@@ -181,8 +180,6 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
         lagged = getattr(acfg, "async_update", False)   # the gradient on a thread, a round
         overlap = getattr(acfg, "overlap", False)
         worker = ThreadPoolExecutor(1, thread_name_prefix="paac-update") if lagged else None
-        split = self._pipeline_split(vec)         # the master acts for [0, split) last
-        self.pipelined = bool(split)
         cur = 0
         perf = time.perf_counter
         try:
@@ -194,12 +191,12 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
                 votes = None
                 grad = None
                 for t in range(t_max):
-                    if split:        # the workers' envs first, stepped while the master
-                        ours = self._act(ro, t, split, n)    # acts for its own
-                        vec.step_async(np.concatenate([np.repeat(ours[:1], split, 0), ours]),
-                                       share_later=True)
-                    else:
-                        vec.step_async(self._act(ro, t, 0, n))
+                    t0 = perf()
+                    actions, extras = algo.rollout_act(ro.obs[t], self.rng)
+                    for name, value in extras.items():
+                        ro.extras[name][t] = value
+                    self.times["forward"] += perf() - t0
+                    vec.step_async(algo.env_actions(actions))
                     if pending is not None and lagged:   # learn during the whole round
                         grad = worker.submit(self._gradient, pending.batch(),
                                              self._metrics_wanted())
@@ -207,11 +204,10 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
                     elif pending is not None:            # overlap: learn while envs step
                         votes = self._update(pending)
                         pending = None
-                    share = self._act(ro, t, 0, split) if split else None
                     t0 = perf()
-                    result = vec.step_wait(share_actions=share)
+                    result = vec.step_wait()
                     self.times["env_wait"] += perf() - t0
-                    self._record(ro, t, ro.action[t], *result[:4])
+                    self._record(ro, t, actions, *result[:4])
                     if votes is not None and votes[0]:
                         break                             # stop: this round is not learned
                 if grad is not None:                      # the same parameters acted: now step
@@ -242,26 +238,6 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
         finally:
             if worker is not None:
                 worker.shutdown(wait=True)
-
-    def _act(self, ro: Rollout, t: int, lo: int, hi: int) -> np.ndarray:
-        """Act for envs [lo, hi) at step t of the round into the rollout; returns what
-        those environments get."""
-        t0 = time.perf_counter()
-        actions, extras = self.algo.rollout_act(ro.obs[t, lo:hi], self.rng)
-        ro.action[t, lo:hi] = actions
-        for name, value in extras.items():
-            ro.extras[name][t, lo:hi] = value
-        self.times["forward"] += time.perf_counter() - t0
-        return self.algo.env_actions(actions)
-
-    def _pipeline_split(self, vec) -> int:
-        """With the algorithm's `pipeline` (PAAC's --pipeline), on a node whose master
-        steps a share of the envs beside its workers: that share's size (the master acts
-        for the workers' envs, hands them their actions, then acts for its own while
-        they step); else 0 (one act for every env, then the step)."""
-        wanted = getattr(self.cfg.algo_config, "pipeline", False)
-        m = vec.master_envs if vec.num_workers else 0
-        return m if wanted and 0 < m < self.num_envs else 0
 
     def _record(self, ro: Rollout, t: int, actions, obs, rew, term, trunc) -> None:
         """Step t of the round into the rollout; episodes that ended into the counters.

@@ -110,7 +110,7 @@ class MasterReporting:
         return {"masters": self.n_learners, "env_workers": self.n_actors,
                 "num_envs": self.node_envs, "master_envs": self.node_share,
                 "idle_ranks": self.idle_ranks, "env_step_s": self.step_s,
-                "t_max": self.t_max, "pipelined": self.pipelined,
+                "t_max": self.t_max,
                 "steps_per_update": self.steps_per_round,
                 "master_time": {k: round(v, 4) for k, v in self._master_times().items()},
                 "env_worker_busy": self._worker_busy_fraction(),
