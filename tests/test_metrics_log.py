@@ -143,6 +143,50 @@ def test_second_process_reads_while_writer_is_open(tmp_path):
         assert read_in_subprocess(path)["eval_steps"] == [0, 10, 20, 30, 40]
 
 
+POLLER = """
+import os, sys
+from pal_hpc.io.metrics import read_metrics
+folder, count = sys.argv[1], int(sys.argv[2])
+read, errors = set(), []
+print("ready", flush=True)
+while len(read) < count:
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".h5") and name not in read:   # read at once when it appears
+            read.add(name)
+            try:
+                read_metrics(os.path.join(folder, name))
+            except Exception as exc:
+                errors.append(repr(exc))
+print(len(read), errors)
+"""
+
+
+def test_a_new_log_appears_whole_or_not_at_all(tmp_path):
+    """A new log is made under a hidden name and renamed into place once its streams
+    exist: another process reading each log the moment its name appears never finds a
+    half-made file (a run's log read as the run starts: the reader saw 48 bytes before).
+    A log whose attributes HDF5 refuses leaves no file behind."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    count = 40
+    poller = subprocess.Popen([sys.executable, "-c", POLLER, str(logs), str(count)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert poller.stdout.readline() == "ready\n"
+        for i in range(count):
+            with MetricsLog(logs / f"run{i}.h5", ATTRS) as log:
+                log.append("evaluation", records("evaluation", 2))
+        out, err = poller.communicate(timeout=120)
+    finally:
+        poller.kill()
+    assert poller.returncode == 0, err
+    assert out.strip() == f"{count} []", out
+    assert sorted(os.listdir(logs)) == sorted(f"run{i}.h5" for i in range(count))
+    with pytest.raises(ValueError, match="'bad'"):
+        MetricsLog(tmp_path / "bad.h5", {"bad": 2 ** 70})        # HDF5 cannot store it
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".bad", "bad"))]
+
+
 WRITER = """
 import os, sys, time
 sys.path.insert(0, {tests!r})

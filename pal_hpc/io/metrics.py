@@ -23,6 +23,7 @@ file's size first and refuses a truncated file at once.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 import time
@@ -65,7 +66,10 @@ class MetricsLog:
         stored = {key: attr_value(key, value) for key, value in attrs.items()}
         # A resumed run continues the log it started (same streams, rows appended).
         reopen = append_existing and self.path.exists()
-        self._file = h5py.File(self.path, "r+" if reopen else "w", libver=LIBVER)
+        # A new log is built under a hidden name and renamed into place once its
+        # streams exist and SWMR is on: a reader never finds a half-made file.
+        building = None if reopen else self.path.with_name(f".{self.path.name}.new")
+        self._file = h5py.File(building or self.path, "r+" if reopen else "w", libver=LIBVER)
         try:
             if reopen:
                 problem = _schema_problem(self._file, self.streams)
@@ -87,8 +91,13 @@ class MetricsLog:
                                      f"{value!r:.80}: {exc}") from exc
             # From here on no new objects or attributes may be created: only appends.
             self._file.swmr_mode = True
+            if building is not None:
+                self._file.flush()
+                os.replace(building, self.path)   # the open file goes on under its name
         except BaseException:
             self._file.close()
+            if building is not None:
+                building.unlink(missing_ok=True)
             raise
         self._rows = {name: int(self._datasets[name].shape[0]) for name in self.streams}
         self._last_flush = time.monotonic()
