@@ -171,8 +171,8 @@ class Config:
     resume: str = _f("", "resume from 'latest' (the newest valid checkpoint in run_dir), "
                          "'auto' (latest if there is one, else start fresh: for requeued "
                          "jobs) or a checkpoint file's path; empty = start fresh")
-    checkpoint_every: float = _f(0.0, "seconds between checkpoints while training (0 = only "
-                                      "at the end and on SIGTERM/SIGUSR1)")
+    checkpoint_every: float = _f(1800.0, "seconds between checkpoints while training (a lost "
+                                         "node costs at most that; 0 = at the end and on signals)")
     keep_checkpoints: int = _f(3, "newest checkpoints kept in <run_dir>/checkpoints")
     checkpoint_replay: bool = _f(True, "store each node's replay buffer (with its tree) in "
                                        "checkpoints, so a resumed run does not start empty")

@@ -156,6 +156,25 @@ def test_periodic_checkpoints_and_a_clean_resume(tmp_path):
     assert summary(run_dir)["learner_params_identical"]
 
 
+def test_a_default_run_checkpoints_every_half_hour(monkeypatch):
+    """Without --checkpoint-every a long job still checkpoints while training, so a lost
+    node (which gets no signal) costs at most half an hour; 0 turns it off."""
+    from pal_hpc.config import Config
+    from pal_hpc.runtime import coordinator
+
+    now = [1000.0]
+    monkeypatch.setattr(coordinator.time, "monotonic", lambda: now[0])
+    coord = coordinator.Coordinator(Config(), now[0])
+    due = []
+    for _ in range(2 * 3600 // 60):              # two hours in one-minute rounds
+        now[0] += 60.0
+        due.append(coord.checkpoint_due())
+    assert sum(due) == 4 and due[29] and due[59], [i for i, d in enumerate(due) if d]
+    off = coordinator.Coordinator(Config(checkpoint_every=0.0), now[0])
+    now[0] += 1e6
+    assert not off.checkpoint_due()
+
+
 @pytest.mark.parametrize("steps, wall_time, work_left", [
     (400, 0.0, True),          # signalled with steps to go: exit 75, resume to continue
     (1000, 0.0, False),        # the step budget got done as the signal came: exit 0
