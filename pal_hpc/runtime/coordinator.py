@@ -38,6 +38,7 @@ class Coordinator:
         self.stop_reason = ""
         self.work_left = False              # stopped on a signal before the budget was done
         self.last_checkpoint = start
+        self.rate_window = deque(maxlen=13)   # (time, env steps) of the last progress lines
 
     def checkpoint_due(self) -> bool:
         """True when --checkpoint-every seconds have passed since the last checkpoint."""
@@ -99,5 +100,29 @@ class Coordinator:
         print(f"[{now - self.start:8.1f}s] steps {steps:>9,.0f} ({(steps - self.last_steps) / dt:7,.0f}/s)"
               f"  episodes {total[S.EPISODES]:>6,.0f}  return {mean_ret}"
               f"  updates {updates:>8,.0f} ({(updates - self.last_updates) / dt:6,.0f}/s)"
-              f"  {tail}", flush=True)
+              f"  {tail}{self._eta(steps, now)}", flush=True)
         self.last_print, self.last_steps, self.last_updates = now, steps, updates
+
+    def _eta(self, steps: float, now: float) -> str:
+        """"  eta 1h05m": the time left to the nearer of the step and wall budgets, at the
+        env-step rate over the last dozen progress lines (an upper bound when a target
+        return may end the run first); empty while neither is known."""
+        self.rate_window.append((now, steps))
+        (t0, s0), left = self.rate_window[0], []
+        if self.cfg.wall_time > 0:
+            left.append(self.cfg.wall_time - (now - self.start))
+        if now > t0 and steps > s0:
+            left.append((self.cfg.total_steps - steps) * (now - t0) / (steps - s0))
+        if not left:
+            return ""
+        return "  eta " + format_seconds(max(min(left), 0.0))
+
+
+def format_seconds(seconds: float) -> str:
+    """45s, 12m05s, 3h07m: a duration as a progress line shows it."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
