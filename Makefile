@@ -144,7 +144,7 @@ $(MUJOCO_STAMP): $(DEPS_STAMP) requirements-mujoco.txt
 	touch $@
 
 clean:
-	rm -rf build site *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so pal_hpc/envs/*.so .pytest_cache $(BUILD_STAMP) \
+	rm -rf build site *.egg-info cython/*.c pal_hpc/replay/*.so pal_hpc/cluster/*.so pal_hpc/envs/*.so pal_hpc/algos/*.so .pytest_cache $(BUILD_STAMP) \
 	    .venv-openmpi/.stamp-build .venv-impi/.stamp-build
 	find . -name __pycache__ -not -path "./.venv*" -prune -exec rm -rf {} +
 

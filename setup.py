@@ -1,5 +1,5 @@
 """Build pal_hpc and its native core (cython/ -> pal_hpc.replay._ksumtree, _replaycore,
-_framecore,
+_framecore, pal_hpc.algos._optimcore, _convcore,
 pal_hpc.cluster._seqlock,
 pal_hpc.envs._lockstep).
 
@@ -97,6 +97,14 @@ extensions = [
         sources=["cython/optimcore.pyx"],
         include_dirs=["cython"],
         depends=["cython/optim_core.h"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+    ),
+    Extension(
+        "pal_hpc.algos._convcore",
+        sources=["cython/convcore.pyx"],
+        include_dirs=["cython"],
+        depends=["cython/conv_core.h"],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
     ),

@@ -23,9 +23,10 @@ w_i the importance weights, the loss is mean_i w_i l(d_i) with l the Huber loss
 
 at a = a_i and 0 at the other actions.  A dueling head Q = V + A - mean(A) passes
 dL/dV = sum_a dL/dQ(s, a) and dL/dA_a = dL/dQ(s, a) - dL/dV / n_actions.  The
-convolution runs as one matrix product per frame over its patches (gathered from the
-uint8 frames by a precomputed index), laid out so its output is already in the order
-torch's Flatten gives the dense layer.  The values agree with autograd's to float32
+convolution and its weight gradient run in C straight from the uint8 frames
+(`pal_hpc.algos._convcore`, cython/conv_core.h: the 16 filters one vector, a row's sums
+in registers; 2-3x numpy's patches and per-frame products), its output already in the
+order torch's Flatten gives the dense layer.  The values agree with autograd's to float32
 rounding (tests/test_dqn.py), not bit for bit: a run's numbers are those of this path
 wherever it fits, on every learner alike.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
+from pal_hpc.algos._convcore import conv_relu, conv_weight_grad
 from pal_hpc.algos.cnn import CNNTorso
 
 
@@ -63,13 +65,10 @@ class NumpyTD:
             c, h, w = online.trunk.in_shape
             k, s = conv.kernel_size[0], conv.stride[0]
             oh, ow = (h - k) // s + 1, (w - k) // s + 1
-            # index[j, p]: where in a flattened (C, H, W) frame the j-th weight of a
-            # filter (in W's (C, kh, kw) order) meets output position p (row-major).
-            ci, ky, kx = np.meshgrid(np.arange(c), np.arange(k), np.arange(k), indexing="ij")
-            oy, ox = np.divmod(np.arange(oh * ow), ow)
-            self.index = (ci.reshape(-1, 1) * h * w + (ky.reshape(-1, 1) + s * oy) * w
-                          + kx.reshape(-1, 1) + s * ox)
             self.conv = conv
+            self.k, self.s = k, s
+            self.frame_shape = (c, h, w)
+            self.out_shape = (conv.out_channels, oh * ow)
         # A parameter of each network, to see if their storage moved (walking the
         # modules each update cost 40 us).
         self._first = (next(online.parameters()), next(target.parameters()))
@@ -111,25 +110,23 @@ class NumpyTD:
 
     # ---- forward and backward ----------------------------------------------------------------
 
-    def _patches(self, obs: np.ndarray) -> np.ndarray:
-        """(B, C*k*k, positions) float32 patches of uint8 frames, scaled to [0, 1]."""
-        flat = np.asarray(obs).reshape(len(obs), -1)
-        patches = flat[:, self.index].astype(np.float32)
-        patches /= np.float32(255.0)
-        return patches
+    def _frames(self, obs) -> np.ndarray:
+        """The batch's frames as C-contiguous uint8 (B, C, H, W) (bool frames as 0/1)."""
+        x = np.asarray(obs)
+        if x.dtype == np.bool_:
+            x = x.view(np.uint8)
+        return np.ascontiguousarray(x, dtype=np.uint8).reshape(len(x), *self.frame_shape)
 
-    def _forward(self, layers, obs: np.ndarray, patches: np.ndarray | None = None):
+    def _forward(self, layers, obs: np.ndarray):
         """Q-values (B, n_actions) and the activations the backward needs."""
         torso, heads = layers
         acts = []
         if self.conv is not None:
             w, b = torso[0][:2]
-            if patches is None:
-                patches = self._patches(obs)
-            h = np.matmul(w, patches)                  # (B, out_channels, positions)
-            h += b[:, None]
-            np.maximum(h, 0.0, out=h)
-            acts = [patches, h]
+            frames = self._frames(obs)
+            h = np.empty((len(frames), *self.out_shape), np.float32)
+            conv_relu(frames, np.ascontiguousarray(w.T), b, self.k, self.s, h)
+            acts = [frames, h]                         # h: (B, out_channels, positions)
             z = h.reshape(len(h), -1)                  # torch's Flatten order
             dense = torso[1:]
         else:
@@ -172,15 +169,14 @@ class NumpyTD:
             if i or self.conv is not None:
                 delta = delta @ w
         if self.conv is not None:
-            patches, h = acts[0], acts[1]
+            frames, h = acts[0], acts[1]
             _, _, gw, gb = torso[0]
             d_h = delta.reshape(h.shape)
             d_h *= h > 0
-            # dW[o, j] = sum over frames b and positions p of d_h[b, o, p] patches[b, j, p]
-            # (one small product per frame, then their sum: tensordot's one large product
-            # after transposing copies took 3x as long here)
-            np.sum(np.matmul(d_h, patches.transpose(0, 2, 1)), axis=0, out=gw)
-            np.sum(d_h, axis=(0, 2), out=gb)
+            # dW[o, j] = sum over frames b and positions p of d_h[b, o, p] patch_j[b, p]
+            gw_t = np.empty(gw.shape[::-1], np.float32)
+            conv_weight_grad(frames, d_h, self.k, self.s, gw_t, gb)
+            gw[...] = gw_t.T
 
     def __call__(self, batch, metrics: bool):
         """Write the TD loss's gradient into the online network's gradient buffers;
@@ -190,10 +186,9 @@ class NumpyTD:
         action = np.asarray(batch["action"], np.int64).reshape(-1)
         rows = np.arange(len(action))
         q_all, acts = self._forward(self._online, obs)
-        next_patches = self._patches(next_obs) if self.conv is not None else None
-        next_target, _ = self._forward(self._target, next_obs, next_patches)
+        next_target, _ = self._forward(self._target, next_obs)
         if self.double_q:
-            best = self._forward(self._online, next_obs, next_patches)[0].argmax(axis=1)
+            best = self._forward(self._online, next_obs)[0].argmax(axis=1)
             next_v = next_target[rows, best]
         else:
             next_v = next_target.max(axis=1)
