@@ -9,6 +9,8 @@ import numpy as np
 
 cdef extern from "conv_core.h" nogil:
     int CC_MAX_FILTERS
+    int cc_cpu_level()
+    int cc_use_level(int want)
     void cc_conv_relu(const uint8_t *x, int B, int C, int H, int W, const float *scale,
                       const float *wt, const float *bias, int filters, int k, int s,
                       float *out)
@@ -19,6 +21,21 @@ cdef extern from "conv_core.h" nogil:
 # x / 255 in float32 for each byte, as numpy's `x.astype(float32) / float32(255)`.
 SCALE = np.arange(256, dtype=np.float32) / np.float32(255.0)
 cdef const float[::1] _scale = SCALE
+
+
+LEVELS = {4: "avx512", 3: "avx2", 0: "baseline"}
+
+
+def cpu_level() -> int:
+    """The best version of the 16-filter kernels this CPU runs: 4 (AVX-512), 3 (AVX2+FMA)
+    or 0 (baseline x86-64, or not x86)."""
+    return cc_cpu_level()
+
+
+def use_level(int level=-1) -> int:
+    """Run the 16-filter kernels' version `level` (a key of LEVELS; one above the CPU's,
+    or -1: the CPU's best) from now on; returns the version in use.  For tests."""
+    return cc_use_level(level)
 
 
 def _check(const uint8_t[:, :, :, ::1] x, int filters, int k, int s):
