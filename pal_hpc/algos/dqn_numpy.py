@@ -24,8 +24,8 @@ w_i the importance weights, the loss is mean_i w_i l(d_i) with l the Huber loss
 at a = a_i and 0 at the other actions.  A dueling head Q = V + A - mean(A) passes
 dL/dV = sum_a dL/dQ(s, a) and dL/dA_a = dL/dQ(s, a) - dL/dV / n_actions.  The
 convolution and its weight gradient run in C straight from the uint8 frames
-(`pal_hpc.algos._convcore`, cython/conv_core.h: the 16 filters one vector, a row's sums
-in registers; 2-3x numpy's patches and per-frame products), its output already in the
+(`pal_hpc.algos._convcore`, cython/conv_core.h: the 16 filters in the CPU's vectors, a
+row's sums in registers; 2-3x numpy's patches and per-frame products), its output already in the
 order torch's Flatten gives the dense layer.  The values agree with autograd's to float32
 rounding (tests/test_dqn.py), not bit for bit: a run's numbers are those of this path
 wherever it fits, on every learner alike.
