@@ -97,7 +97,8 @@ extensions = [
         sources=["cython/optimcore.pyx"],
         include_dirs=["cython"],
         depends=["cython/optim_core.h"],
-        extra_compile_args=compile_args,
+        # the same float32 values on every CPU (no fused multiply-adds): optim_core.h
+        extra_compile_args=compile_args + ["-ffp-contract=off"],
         extra_link_args=link_args,
     ),
     Extension(

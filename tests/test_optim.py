@@ -116,3 +116,37 @@ def test_rmsprop_one_pass_kernel_is_its_tensor_ops(variant):
     kernel.step(g.clone())
     twin.step(g.clone())
     assert torch.equal(kernel.param, twin.param) and twin.steps == kernel.steps
+
+
+@pytest.mark.parametrize("eps_in_sqrt", [False, True])
+@pytest.mark.parametrize("centered", [False, True])
+def test_rmsprop_kernel_is_float32_arithmetic_to_the_bit(centered, eps_in_sqrt):
+    """The one-pass kernel (whichever instruction set's version the CPU got) is numpy's
+    float32 arithmetic in the same order, bit for bit: no fused multiply-adds, so hosts
+    with different CPUs step the same averaged gradient to the same parameters."""
+    from pal_hpc.algos._optimcore import rmsprop_step
+
+    rng = np.random.default_rng(11)
+    n = 4099
+    f32 = np.float32
+    lr, decay, eps = 2.5e-4, 0.95, 0.01
+    param = rng.normal(size=n).astype(f32)
+    sq = np.zeros(n, f32)
+    ga = np.zeros(n, f32)
+    want_p, want_sq, want_ga = param.copy(), sq.copy(), ga.copy()
+    neg_lr, d, keep, e = f32(-lr), f32(decay), f32(1.0 - decay), f32(eps)
+    for _ in range(20):
+        g = rng.normal(size=n).astype(f32)
+        rmsprop_step(param, g, sq, ga, lr, decay, eps, eps_in_sqrt, centered)
+        want_sq = want_sq * d
+        want_sq = want_sq + keep * g * g
+        var = want_sq
+        if centered:
+            want_ga = want_ga + keep * (g - want_ga)
+            var = want_sq + (-want_ga) * want_ga
+        denom = np.sqrt(var + e) if eps_in_sqrt else np.sqrt(var) + e
+        want_p = want_p + neg_lr * (g / denom)
+    np.testing.assert_array_equal(sq, want_sq)
+    np.testing.assert_array_equal(param, want_p)
+    if centered:
+        np.testing.assert_array_equal(ga, want_ga)
