@@ -78,7 +78,7 @@ def test_every_stream_round_trips_through_h5py_and_read_metrics(tmp_path):
 def test_attrs_round_trip_json_decoded(tmp_path):
     path = tmp_path / "metrics.h5"
     attrs = {**ATTRS, **run_attributes(ATTRS["config"], ATTRS["layout"], ATTRS["hosts"],
-                                       ATTRS["mpi_library"])}
+                                       ATTRS["mpi_library"], cpus={"n1": "CPU\x00 A, 2 CPUs"})}
     MetricsLog(path, attrs).close()
     got = read_metrics(path)["attrs"]
     assert got == {**attrs, "note": ""}
@@ -88,6 +88,7 @@ def test_attrs_round_trip_json_decoded(tmp_path):
     assert got["versions"]["h5py"] == h5py.__version__
     assert got["start_time"][:2] == "20" and "T" in got["start_time"]
     assert isinstance(got["git_commit"], str)
+    assert got["cpus"] == {"n1": "CPU A, 2 CPUs"}           # cleaned to what HDF5 stores
     with pytest.raises(TypeError, match="'bad'"):
         MetricsLog(tmp_path / "other.h5", {"bad": object()})
 

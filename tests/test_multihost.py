@@ -29,6 +29,7 @@ from conftest import FAST_FLAGS, ROOT, VENDOR, mpi_env
 from pal_hpc.cluster.deadline import PEER_LOST_EXIT
 from pal_hpc.cluster.testhosts import TestHosts, unavailable
 from pal_hpc.io import checkpoint as ckpt
+from pal_hpc.io.provenance import describe_cpu
 
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(VENDOR != "mpich" and VENDOR != "openmpi",
                                                    reason=f"launcher {VENDOR}")]
@@ -101,6 +102,7 @@ def test_dqn_across_two_hosts_trains_over_the_links_checkpoints_and_resumes(host
     assert "4 ranks, 2 node(s)" in res.stdout
     s = summary_of(run_dir)
     assert s["nodes"] == 2 and s["hosts"] == hosts.names[:2]
+    assert s["cpus"] == {h: describe_cpu() for h in hosts.names[:2]}   # each host's
     assert s["learners"] == 2 and s["learner_params_identical"] is True
     with h5py.File(run_dir / "metrics.h5", "r") as f:
         logged = json.loads(f.attrs["hosts"]) if isinstance(f.attrs["hosts"], str) \
@@ -140,6 +142,7 @@ def test_td3_sync_and_paac_across_three_hosts(hosts, tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     s = summary_of(tmp_path / "paac")
     assert s["nodes"] == 3 and s["hosts"] == hosts.names
+    assert sorted(s["cpus"]) == sorted(hosts.names)
     assert s["learner_params_identical"] is True
 
 

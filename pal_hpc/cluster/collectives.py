@@ -34,3 +34,14 @@ def on_rank0(comm: MPI.Comm, fn):
     if err:
         raise ConfigError(err)
     return result
+
+
+def gather_hosts(comm: MPI.Comm) -> tuple[list[str] | None, dict[str, str] | None]:
+    """One gather: on rank 0, every rank's host (MPI's processor name) in rank order and
+    {host: its CPU, `describe_cpu()` there}; (None, None) on the other ranks."""
+    from pal_hpc.io.provenance import describe_cpu
+
+    got = comm.gather((MPI.Get_processor_name(), describe_cpu()), root=0)
+    if got is None:
+        return None, None
+    return [host for host, _ in got], dict(got)

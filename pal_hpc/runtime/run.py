@@ -20,10 +20,11 @@ import torch
 from mpi4py import MPI
 
 from pal_hpc.algos import ALGOS
-from pal_hpc.cluster.collectives import on_rank0, wait_all
+from pal_hpc.cluster.collectives import gather_hosts, on_rank0, wait_all
 from pal_hpc.cluster.topology import pick_device
 from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.io import checkpoint as ckpt
+from pal_hpc.io.provenance import cpus_line
 from pal_hpc.io.rundir import claim_run_dir
 from pal_hpc.io.tensorboard import check_tensorboard_dir, open_mirror
 from pal_hpc.io.schema import streams_for
@@ -108,7 +109,7 @@ class RankRun(Checkpointing, Summary):
         self.next_eval = cfg.eval_every if cfg.eval_every > 0 else float("inf")
         self.steps_sent = 0             # this actor's steps counted in the last round
         self.checkpoints_done = 0       # mid-run checkpoints this rank took part in
-        self.hosts = self.world.gather(MPI.Get_processor_name(), root=0)
+        self.hosts, self.cpus = gather_hosts(self.world)
         self.streams = streams_for(Algo.metric_names)
         self.telemetry = Telemetry(self.world.Dup(), streams=self.streams)
         self._sys_last = (time.monotonic(), 0, 0)
@@ -278,7 +279,7 @@ class RankRun(Checkpointing, Summary):
                   "roles": [[r.rank, r.node, int(r.is_actor), int(r.is_learner)] for r in topo.roles]}
         return open_job_log(cfg, layout, self.hosts,
                             self.restored["wall_s"] if self.resumed_from else None,
-                            self.streams)
+                            self.streams, cpus=self.cpus)
 
     def _system_row(self, force: bool = False) -> None:
         """About every 2 s (and once at the end): this rank's throughput, replay fill,
@@ -309,6 +310,8 @@ class RankRun(Checkpointing, Summary):
               f"({self.replay.bytes_per_transition:.0f} B/transition, "
               f"{self.replay.nbytes / 2**30:.2f} GiB per node"
               + (", frames stored once" if self.actor_frames() else "") + ")", flush=True)
+        if self.cpus:
+            print(cpus_line(self.cpus), flush=True)
         if note := minatar_action_set_note(cfg.env):
             print(note, flush=True)
 

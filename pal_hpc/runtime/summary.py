@@ -57,6 +57,9 @@ class Summary:
             "ranks": self.world.Get_size(), "nodes": self.topo.n_nodes,
             # The hosts the ranks ran on (MPI's processor names), in order of first rank.
             "hosts": list(dict.fromkeys(getattr(self, "hosts", None) or [])),
+            # Each host's CPU (model, vector instructions, CPUs it may use): which machine
+            # a run's speed came from.
+            "cpus": dict(getattr(self, "cpus", None) or {}),
             "actors": self.n_actors, "learners": self.n_learners,
             "learner_params_identical": identical,
             "checkpoint": checkpoint,       # None: the final checkpoint failed

@@ -226,14 +226,14 @@ class Telemetry:
 
 
 def open_job_log(cfg, layout: dict, hosts: list[str], resumed_at_wall_s: float | None,
-                 streams: dict) -> MetricsLog:
+                 streams: dict, cpus: dict | None = None) -> MetricsLog:
     """Rank 0: open the run's metrics log, its attributes holding the config, `layout`,
-    the hosts and the MPI library.  A resumed run (`resumed_at_wall_s`: the checkpoint's
+    the hosts, their CPUs (`cpus`, host -> description) and the MPI library.  A resumed run (`resumed_at_wall_s`: the checkpoint's
     wall time, from which a reader drops a killed run's later rows) goes on in its log.
     A fresh one finding old segments -- `--resume auto` found no checkpoint, so they are
     an attempt that died before its first -- moves them aside, out of this run's way."""
     attrs = run_attributes(config_to_dict(cfg), layout, hosts,
-                           MPI.Get_library_version().strip())
+                           MPI.Get_library_version().strip(), cpus=cpus)
     if resumed_at_wall_s is not None:
         attrs["resumed_at_wall_s"] = resumed_at_wall_s
     run_dir = Path(cfg.resolved_run_dir())

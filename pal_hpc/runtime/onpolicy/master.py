@@ -12,7 +12,7 @@ import torch
 from mpi4py import MPI
 
 from pal_hpc.algos import ALGOS
-from pal_hpc.cluster.collectives import on_rank0, wait_all
+from pal_hpc.cluster.collectives import gather_hosts, on_rank0, wait_all
 from pal_hpc.cluster.topology import pick_device
 from pal_hpc.config import AUTO, ConfigError
 from pal_hpc.envs import LockstepVectorEnv, make_env
@@ -85,7 +85,7 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
         self.idle_ranks = sum(size - 1 for size, (n, m) in zip(sizes, layouts) if m == n)
         device = pick_device(cfg.device, 0)          # on every rank: errors reach all
         self.masters = world.Split(0 if self.is_master else MPI.UNDEFINED, key=world.Get_rank())
-        self.hosts = world.gather(MPI.Get_processor_name(), root=0)
+        self.hosts, self.cpus = gather_hosts(world)
 
         self.learner = None              # what Checkpointing's helpers look for
         self.algo = None

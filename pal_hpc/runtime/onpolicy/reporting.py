@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from pal_hpc.envs.make import minatar_action_set_note
+from pal_hpc.io.provenance import cpus_line
 from pal_hpc.runtime.coordinator import Coordinator
 from pal_hpc.runtime.onpolicy.layout import MASTER_ALONE_BELOW_S
 from pal_hpc.runtime.telemetry import open_job_log, rss_mb
@@ -64,6 +65,8 @@ class MasterReporting:
               f"{self.n_actors} worker ranks{self._idle_note()}); t_max {self.t_max}, "
               f"{self.steps_per_round:,} env steps per update, device {self.algo.device}",
               flush=True)
+        if self.cpus:
+            print(cpus_line(self.cpus), flush=True)
         if note := minatar_action_set_note(cfg.env):
             print(note, flush=True)
 
@@ -86,7 +89,7 @@ class MasterReporting:
                             for r in self.topo.roles]}
         return open_job_log(cfg, layout, self.hosts,
                             self.restored["wall_s"] if self.resumed_from else None,
-                            self.streams)
+                            self.streams, cpus=self.cpus)
 
     def _master_times(self) -> dict:
         wall = max(time.monotonic() - self.times["since"], 1e-9)
