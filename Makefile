@@ -108,6 +108,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: install
+	@$(PY) -c "from pal_hpc.io.provenance import describe_cpu; print('bench: CPU', describe_cpu())"
 	$(PY) bench/bench_tree.py $(ARGS)
 	$(PY) bench/bench_replay.py $(ARGS)
 	$(PY) bench/bench_atari_replay.py $(ARGS)
