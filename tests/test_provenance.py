@@ -28,12 +28,12 @@ def test_a_cpu_is_named_with_its_family_model_and_widest_vectors():
         "Intel(R) Xeon(R) Gold 6148 (family 25 model 1), AVX-512, no native bf16, 40 CPUs"
     # Only the first processor's block counts; no flags at all: no vector claim.
     assert describe_cpu("model name\t: Some ARM core\n", cpus=4) == "Some ARM core, 4 CPUs"
-    assert describe_cpu(ZEN3.replace("avx2 fma", "avx"), cpus=1).endswith(", no AVX2, 1 CPUs")
+    assert describe_cpu(ZEN3.replace("avx2 fma", "avx"), cpus=1).endswith(", no AVX2, 1 CPU")
 
 
 def test_this_machines_description_names_its_cpu_count():
     text = describe_cpu()
-    assert text and text.endswith(" CPUs") and "\n" not in text
+    assert text and text.endswith((" CPUs", " 1 CPU")) and "\n" not in text
 
 
 def test_the_start_up_line_groups_hosts_by_cpu():

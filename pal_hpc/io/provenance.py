@@ -77,7 +77,8 @@ def describe_cpu(cpuinfo: str | None = None, cpus: int | None = None) -> str:
             cpus = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cpus = os.cpu_count() or 0
-    return ", ".join(part for part in (clean_text(name), isa, f"{cpus} CPUs") if part)
+    count = f"{cpus} CPU" + ("" if cpus == 1 else "s")
+    return ", ".join(part for part in (clean_text(name), isa, count) if part)
 
 
 def cpus_line(cpus: dict) -> str:
