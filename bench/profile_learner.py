@@ -33,6 +33,7 @@ import torch
 
 from pal_hpc.algos import ALGOS
 from pal_hpc.config import Config
+from pal_hpc.io.provenance import describe_cpu
 from pal_hpc.replay import SharedReplay
 from pal_hpc.runtime.threads import limit_threads
 from pal_hpc.runtime.nstep import transition_spec
@@ -159,6 +160,7 @@ def main() -> None:
             if precision not in best or sum(parts.values()) < sum(best[precision].values()):
                 best[precision] = parts
     totals = {}
+    print(f"CPU: {describe_cpu()}")
     for precision, parts in best.items():
         total = totals[precision] = sum(parts.values())
         cfg = algos[precision].config
