@@ -6,10 +6,11 @@
  * gather of every patch into a float array and one small matrix product per frame, at
  * each of its three uses (two forwards, one weight gradient): per-call and per-copy
  * costs.  Here each frame is turned into floats once (a 256-entry table: x / 255 in
- * float32, as numpy's patches were), the 16 filters are one vector (the innermost,
- * contiguous axis of the weights, laid out (C k k, O)) and an output row's 8 sums stay
- * in registers.  Zen 4, batch 32, idle: forward 48-65 us against numpy's 140-200,
- * weight gradient 47-69 against 80-155 (4-6 channels).
+ * float32, as numpy's patches were), the 16 filters fill the CPU's vectors (the
+ * innermost, contiguous axis of the weights, laid out (C k k, O)) and a block of an
+ * output row's sums stays in registers.  Batch 32, idle, 4-6 channels: Zen 4 forward
+ * 48-65 us against numpy's 140-200, weight gradient 47-69 against 80-155; Zen 3 (AVX2)
+ * forward 53-80 us, weight gradient 60-88.
  *
  * x (B, C, H, W) uint8; output (B, O, OH OW), torch's layout, which its Flatten hands the
  * dense layer.  No padding, square kernel and stride.  Other filter counts and larger
