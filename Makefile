@@ -8,12 +8,14 @@ NP      ?= 4
 ARGS    ?=
 # Outer limits, one per pytest pass (MPI tests also carry their own timeouts).  The
 # suite without the tests marked slow took 19:53 and the slow ones 12:08 (13.5 min) on
-# an AVX2-only 2-core EPYC (Zen 1); in one pass they overran 30 min there.  On a 2-core
-# Zen 4 EPYC (family 25 model 17) a clean clone's .ci/run took 23:31 to 26:10 (7 runs over 3 days;
-# 2026-12-06: 25:17, 26:10 and 24:02; 2026-12-07: 25:47); 23:31 was install 1:49, the main pass
-# 12:39, the slow one 6:12, Open MPI's 2:43.
+# an AVX2-only 2-core EPYC (Zen 1).  On a 2-core Zen 4 EPYC (family 25 model 17) a clean
+# clone's .ci/run took 23:31 to 26:10 (7 runs over 3 days); 23:31 was install 1:49, the
+# main pass 12:39, the slow one 6:12, Open MPI's 2:43.  On a 2-core Zen 3 EPYC (family
+# 25 model 1), 2026-12-07: 43:03, of it install 4:07, main 22:28, slow 11:51, Open MPI
+# 4:35 -- before the one-pass suite, its cost-ordered files and the ranks' quick exit.
 TEST_TIMEOUT ?= 1800
 SLOW_TEST_TIMEOUT ?= 1500
+SUITE_TIMEOUT ?= 3300
 
 DEPS_STAMP  := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
@@ -31,7 +33,7 @@ NATIVE_SRC  := $(wildcard cython/*.pyx cython/*.pxd cython/*.h) setup.py pyproje
 help:
 	@echo "make install      create .venv with the pinned stack and build the native core"
 	@echo "make run          train with mpiexec -n \$$(NP) (default 4); extra flags: ARGS='...'"
-	@echo "make test         the whole test suite, MPI tests included, then make test-openmpi"
+	@echo "make test         the whole suite (slow and MPI tests included) in one pass, then make test-openmpi"
 	@echo "                  (PYTEST_WORKERS=2 parallel pytest workers; 1 = one at a time)"
 	@echo "make test-openmpi the MPI tests under Open MPI (.venv-openmpi, made if missing)"
 	@echo "make test-impi    the same under Intel MPI (.venv-impi; a manual check)"
@@ -74,11 +76,12 @@ run: install
 	$(MPIEXEC) -n $(NP) $(PY) -m mpi4py -m pal_hpc.main $(ARGS)
 
 # The site first: a broken link or an API reference that no longer matches the code
-# fails in seconds (mkdocs build --strict).  Then the suite in two passes, each with
-# its own limit: everything not marked slow (14 min on 2 workers here), then the slow
-# checks (training to a target, 1e7-update precision, SLURM requeues, the wheel).
+# fails in seconds (mkdocs build --strict).  Then the suite, the slow checks (training
+# to a target, 1e7-update precision, SLURM requeues, the wheel) included, in one pass:
+# with the costliest files first (tests/durations.json) both workers stay busy to the
+# end, where two passes left one idle at the end of each.
 #
-# Each pass runs on PYTEST_WORKERS pytest-xdist workers (tests/conftest.py keeps a file's
+# A pass runs on PYTEST_WORKERS pytest-xdist workers (tests/conftest.py keeps a file's
 # tests on one worker, and files sharing SLURM or the test hosts on one); 1 = serial.
 # The Open MPI venv's stack installs in the background meanwhile (log:
 # .venv/openmpi-install.log); flock makes the Open MPI pass wait for it.
@@ -90,8 +93,7 @@ test: install
 	flock $(OMPI_LOCK) $(MAKE) --no-print-directory $(OMPI_VENV)/.stamp-deps \
 	    > $(VENV)/openmpi-install.log 2>&1 &
 	$(MAKE) docs
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -ra $(PYTEST_PAR) --durations=25 -m "not slow" tests
-	$(MAKE) test-slow
+	timeout $(SUITE_TIMEOUT) $(PY) -m pytest -ra $(PYTEST_PAR) --durations=30 tests
 	flock $(OMPI_LOCK) $(MAKE) test-openmpi
 
 test-slow: install
@@ -160,14 +162,24 @@ IMPI_VENV     := .venv-impi
 # The MPI part of the suite that `make test-openmpi` (and so `make test`) runs under
 # the other MPI (see docs/other-mpi.md): what depends on the MPI
 # library or its launcher -- windows, topology, weights, replay, training, signals,
-# checkpoint/resume, abort, launcher death, test hosts -- without the slow tests (training
+# checkpoints taken and resumed, abort, launcher death, test hosts -- without the slow tests (training
 # to a target, 10^7-update precision, the 5-kill fault run), which repeat under MPICH what
 # these cover, and without test_slurm.py (its scripts use .venv).  Widen it with
 # OTHER_MPI_TESTS=... or OTHER_MPI_PYTEST=.
 OTHER_MPI_TESTS ?= tests/test_mpi_vendor.py tests/test_mpi_topology.py \
     tests/test_mpi_window.py tests/test_mpi_weights.py tests/test_mpi_replay.py \
-    tests/test_train.py tests/test_resume.py tests/test_faults_process.py \
+    tests/test_train.py tests/test_faults_process.py $(RESUME_MPI_TESTS) \
     $(FAULTS_RUNS_MPI_TESTS) $(MULTIHOST_LAUNCH_TESTS)
+# Of the resume tests (tests/test_resume.py), those of signals (the launcher forwards
+# them) and of checkpoints taken while training (all ranks pause after one step); not
+# the refused shapes, the corrupt file or --resume auto, which are files read the same
+# whatever the MPI: 118 of the suite's worker-seconds under MPICH (Zen 3, loaded).
+RESUME_MPI_TESTS := $(addprefix tests/test_resume.py::,\
+    test_sigterm_checkpoints_then_resume_carries_on \
+    test_periodic_checkpoints_and_a_clean_resume \
+    test_a_default_run_checkpoints_every_half_hour \
+    test_a_signal_means_work_left_only_while_the_budget_is_not_done \
+    test_sigterm_twice_to_every_rank_is_one_checkpoint_and_exit_75)
 # Of the run-directory faults (tests/test_faults_runs.py), the full disk: a checkpoint
 # that fails on one rank is agreed on by all and the job goes on, or ends with status 1
 # after winding down.  The rest are files (locks, damaged or misplaced checkpoints, the
