@@ -94,6 +94,10 @@ def test_a_job_across_two_hosts_requeues_after_a_lost_node_and_resumes_there(clu
     assert last["exit_status"] == WORK_LEFT_EXIT and last["resumed_from"] == str(resumed), last
     assert last["nodes"] == 2 and last["hosts"] == hosts.names, last
     assert last["learners"] == 2 and last["learner_params_identical"] is True, last
+    # The script requeues it (restart 2); once SLURM has counted that restart, a plain
+    # scancel ends the job for good.  Sent sooner, it can be undone: a `scontrol requeue`
+    # still on its way brings back a job that was cancelled meanwhile.
+    job.wait(lambda j: j["Restarts"] == "2", 60, "not requeued after exit 75")
     cluster.cmd("scancel", str(job.id))
     info = job.wait_final(timeout=60)
     assert info["JobState"] == "CANCELLED", (info, job.output)
