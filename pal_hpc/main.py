@@ -161,8 +161,8 @@ def finish(status: int) -> NoReturn:
     -m mpi4py` would do at exit), flush the output, and leave through the C library's
     exit, without the interpreter's teardown.  That teardown frees torch's thousand
     modules object by object: 0.6-0.8 s of CPU a rank on a Zen 3 core, a fifth of a short
-    job's CPU time, and a test suite starts hundreds of ranks.  Where something still needs the exit handlers
-    (`_needs_exit_handlers`) the rank exits the usual way."""
+    job's CPU time, and a test suite starts hundreds of ranks.  Where something still
+    needs the exit handlers (`_needs_exit_handlers`) the rank exits the usual way."""
     if _needs_exit_handlers():
         sys.exit(status)
     mpi = sys.modules.get("mpi4py.MPI")

@@ -119,7 +119,7 @@ def pytest_configure(config):
 
 
 # -- parallel workers ---------------------------------------------------------------------
-# `make test` runs each pass on 2 pytest-xdist workers (`-n 2`): the suite is a mix of MPI
+# `make test` runs the suite on 2 pytest-xdist workers (`-n 2`): it is a mix of MPI
 # jobs that fill both cores and tests that leave one idle (a single process, a wheel
 # build, SLURM's scheduling, a deadline being waited out).  A file's tests stay on one
 # worker, so its module-scoped runs are made once; files that share something of the
