@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import ROOT, mpi_env
+from conftest import ROOT, mpi_env, pal_cmd
 
 
 def python(code: str) -> subprocess.CompletedProcess:
@@ -61,8 +61,6 @@ def test_a_file_left_open_is_written_in_full(tmp_path):
 def test_a_job_ends_through_it_with_mpi_finalized(tmp_path):
     """Under mpiexec, two ranks: the quick exit finalizes MPI first, so the launcher
     sees a clean end (status 0, no abort lines) and rank 0's summary is complete."""
-    from conftest import pal_cmd
-
     proc = subprocess.run(pal_cmd(2, tmp_path / "run", "--total-steps", "600"), cwd=ROOT,
                           env=mpi_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
