@@ -20,7 +20,8 @@ NO_COMPILER = ("pal_hpc needs a C compiler (gcc/cc; set CC to choose one) to bui
                "core, and {cc!r} could not compile a one-line C file: {err}")
 
 
-# Compile the extensions on every core (`make install`, the wheel): 37 s -> 21 s on 2.
+# Cythonize and compile the extensions on every core (`make install`, the wheel): the
+# compile 37 s -> 21 s on 2 cores.
 JOBS = os.cpu_count() or 1
 
 
@@ -47,7 +48,9 @@ class build_ext_checked(build_ext):
         super().build_extensions()
 
 
-compile_args = ["-O3", "-fno-math-errno", "-Wno-unused-function"]
+# -g0: no debug information (Python's own CFLAGS ask for it): a fifth less compile time
+# for Cython's megabyte-sized C files, and extensions a quarter of the size.
+compile_args = ["-O3", "-g0", "-fno-math-errno", "-Wno-unused-function"]
 link_args = []
 if os.environ.get("PAL_NO_OPENMP") != "1":
     compile_args.append("-fopenmp")
@@ -142,6 +145,7 @@ setup(
         extensions,
         compiler_directives={"language_level": "3"},
         include_path=["cython"],
+        nthreads=JOBS if JOBS > 1 else 0,
     ),
     cmdclass={"build_ext": build_ext_checked},
     zip_safe=False,

@@ -26,6 +26,7 @@ how the tests show a rejection on some ranks only still ends the job.
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import sys
@@ -64,6 +65,21 @@ def _injected_rejection(rank: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # No cyclic garbage collection while the rank imports its stack: torch's thousand
+    # modules trigger ~380 collections, a tenth of the import's CPU time, and
+    # every rank of a job pays it.  `runtime.entry.train` turns it back on (and freezes
+    # what the imports made) once they are done; `finally` for the paths that stop
+    # before (a bad flag, --help).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _main(argv)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _main(argv: list[str] | None) -> int:
     from pal_hpc.runtime import lifeline, signals
 
     lifeline.tie_to_launcher()       # first: a rank must never outlive its launcher

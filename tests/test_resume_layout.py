@@ -29,29 +29,48 @@ FLAGS = {"dqn": ["--algo", "dqn", "--n-step", "3", "--replay-capacity", str(CAPA
 STEPS = 4000
 
 
-# TD3's half takes 2.5 min on a loaded 2-core machine: the slow pass runs it.
-@pytest.fixture(scope="module", params=["dqn", pytest.param("td3", marks=pytest.mark.slow)])
-def saved(request, tmp_path_factory):
-    algo = request.param
-    run_dir = tmp_path_factory.mktemp(algo) / "run"
-    main = train_to_checkpoint(run_dir, FLAGS[algo], STEPS)
-    return algo, run_dir, main
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """`checkpoints(algo)`: (algo, run dir, final checkpoint) of a run at 2 x 3, each
+    algorithm's made once for the module.  (A module-scoped fixture parametrized by
+    algorithm would hold one at a time: the bad-input cases, parametrized on their own,
+    made both runs again, 3 min of a 2-core machine.)"""
+    made = {}
+
+    def get(algo):
+        if algo not in made:
+            run_dir = tmp_path_factory.mktemp(algo) / "run"
+            made[algo] = algo, run_dir, train_to_checkpoint(run_dir, FLAGS[algo], STEPS)
+        return made[algo]
+    return get
+
+
+# TD3's half takes 2.5 min on a loaded 2-core machine: marked slow.
+@pytest.fixture(params=["dqn", pytest.param("td3", marks=pytest.mark.slow)])
+def saved(request, checkpoints):
+    return checkpoints(request.param)
 
 
 @pytest.fixture(scope="module")
-def dumps(saved, tmp_path_factory):
-    """`dumps(layout)`: the saved checkpoint resumed on `layout` (`dump`), each layout
-    made once per checkpoint: the 3x2 resume the layout test reads is also the first
-    of the two that must be identical."""
-    algo, _, main = saved
+def resumed(tmp_path_factory):
+    """`resumed(saved, layout)`: the saved checkpoint resumed on `layout` (`dump`), each
+    layout made once per checkpoint: the 3x2 resume the layout test reads is also the
+    first of the two that must be identical."""
     made = {}
 
-    def get(layout):
-        if layout not in made:
-            made[layout] = dump(tmp_path_factory.mktemp(f"{algo}-{layout}") / "dump", main,
-                                layout, FLAGS[algo])
-        return made[layout]
+    def get(saved, layout):
+        algo, _, main = saved
+        if (algo, layout) not in made:
+            made[algo, layout] = dump(tmp_path_factory.mktemp(f"{algo}-{layout}") / "dump",
+                                      main, layout, FLAGS[algo])
+        return made[algo, layout]
     return get
+
+
+@pytest.fixture
+def dumps(saved, resumed):
+    """`dumps(layout)`: `resumed` for this test's checkpoint."""
+    return lambda layout: resumed(saved, layout)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
