@@ -73,10 +73,12 @@ def test_sync_continuous_algorithms_are_reproducible(tmp_path, algo):
     flags = ("--algo", algo, "--env", "Pendulum-v1", "--batch-size", "64")
     a, sa = digest(3, tmp_path / "a", *flags)
     b, sb = digest(3, tmp_path / "b", *flags)
-    c, sc = digest(3, tmp_path / "c", *flags, "--seed", "1")
     # The summaries in the message: a failure says which run differed and how far it got.
-    assert a == b != c, (sa, sb, sc)
+    assert a == b, (sa, sb)
     assert sa["updates"] == sb["updates"] and sa["episodes"] == sb["episodes"], (sa, sb)
+    if algo == "td3":      # the digest follows training (for one algorithm: it is shared)
+        c, sc = digest(3, tmp_path / "c", *flags, "--seed", "1")
+        assert c != a, (sa, sc)
 
 
 @pytest.mark.parametrize("flags,message", [
