@@ -169,8 +169,16 @@ IMPI_VENV     := .venv-impi
 # OTHER_MPI_TESTS=... or OTHER_MPI_PYTEST=.
 OTHER_MPI_TESTS ?= tests/test_mpi_vendor.py tests/test_mpi_topology.py \
     tests/test_mpi_window.py tests/test_mpi_weights.py tests/test_mpi_replay.py \
-    tests/test_train.py tests/test_faults_process.py $(RESUME_MPI_TESTS) \
+    $(TRAIN_MPI_TESTS) tests/test_faults_process.py $(RESUME_MPI_TESTS) \
     $(FAULTS_RUNS_MPI_TESTS) $(MULTIHOST_LAUNCH_TESTS)
+# Of tests/test_train.py, the runs, a failing rank, and of the bad configurations the
+# two found after the ranks split into nodes (the others are flags checked the same
+# whatever the MPI; the abort paths are test_faults_process.py's).
+TRAIN_MPI_TESTS := $(addprefix tests/test_train.py::,\
+    test_training_runs_end_to_end test_failure_on_one_rank_ends_the_job \
+    test_help_lists_flags_once \
+    'test_bad_config_rejected_before_training[flags2-per_node]' \
+    'test_bad_config_rejected_before_training[flags8-replay_capacity]')
 # Of the resume tests (tests/test_resume.py), those of signals (the launcher forwards
 # them) and of checkpoints taken while training (all ranks pause after one step); not
 # the refused shapes, the corrupt file or --resume auto, which are files read the same
