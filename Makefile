@@ -13,7 +13,9 @@ ARGS    ?=
 # main pass 12:39, the slow one 6:12, Open MPI's 2:43.  On a 2-core Zen 3 EPYC (family
 # 25 model 1), 2026-12-07: 43:03, of it install 4:07, main 22:28, slow 11:51, Open MPI
 # 4:35; with the one-pass suite, its cost-ordered files and the ranks' quick exit, 38:06
-# (install 4:04, the pass 30:34, Open MPI 3:37).
+# (install 4:04, the pass 30:34, Open MPI 3:37); with the ranks' imports collecting no
+# garbage, the -g0 build and test_resume_layout's checkpoints made once, 36:24 (install
+# 4:14, the pass 29:10, Open MPI 2:53).  The pass keeps both cores 99% busy.
 TEST_TIMEOUT ?= 1800
 SLOW_TEST_TIMEOUT ?= 1500
 SUITE_TIMEOUT ?= 3300
