@@ -201,7 +201,7 @@ def test_an_exception_in_a_worker_reaches_the_caller_with_its_traceback():
     text = str(err.value)
     assert "worker 1 (envs 2..2) raised RuntimeError during step in env 2" in text
     assert "RuntimeError: boom at step 3" in text and "in step" in text   # the traceback
-    assert elapsed < 1.0, elapsed
+    assert elapsed < 5.0, elapsed     # promptly: no deadline is waited out
     assert env.closed
     with pytest.raises(ClosedEnvironmentError):
         env.step(np.zeros(3, np.int64))

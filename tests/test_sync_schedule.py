@@ -47,8 +47,10 @@ def test_sync_three_ranks_same_seed_same_parameters_other_seed_differs(tmp_path)
     for p in prof:
         phases = sum(v for k, v in p.items() if k not in ("rank", "roles", "wall_per_round"))
         assert phases == pytest.approx(p["wall_per_round"], abs=0.01), p
-        assert (p["act"] > 0.05) == ("actor" in p["roles"]), p
-        assert (p["learn"] > 0.5 * p["wall_per_round"] / 30) or "learner" not in p["roles"], p
+        # A rank has the phases of its roles (no timing: a busy machine can preempt a
+        # rank for a few ms between any two lines).
+        assert ("act" in p) == ("write" in p) == ("actor" in p["roles"]), p
+        assert ("learn" in p) == ("learner" in p["roles"]), p
     walls = [30 * p["wall_per_round"] for p in prof]
     assert max(walls) - min(walls) < 500, walls           # ms over the 30 rounds
 

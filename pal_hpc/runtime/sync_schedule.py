@@ -135,8 +135,9 @@ class SyncRankRun(RankRun):
 
     def _rank_profile(self) -> dict:
         """Wall ms per round by phase on this rank: evaluate, act (its round of env
-        steps), write (its round into the replay), write_wait (the node's barriers that
-        pass the turn to write, in actor order), learn (its updates; a learner),
+        steps; an actor), write (its round into the replay; an actor), write_wait (the
+        node's barriers that pass the turn to write, in actor order), learn (its
+        updates; a learner),
         learn_wait (the node barrier after them: the actors wait for the learners),
         round_end (the counters' sum and rank 0's decision), other (progress rows,
         checkpoints)."""
@@ -175,12 +176,16 @@ class SyncRankRun(RankRun):
             round_start = float(self.stats.total[S.ENV_STEPS])
             self._evaluate_if_due(round_start)
             clock("evaluate")
+            # A rank has the phases of its roles: one that does not act (learn) has no
+            # act (learn) entry, its instant of doing nothing goes to the next wait.
             self._act_round(round_start)
-            clock("act")
+            if self.actor is not None:
+                clock("act")
             self._write_in_actor_order()
             clock("write_wait")
             self._learn_round(min(1.0, (round_start + self.per_round) / self.cfg.total_steps))
-            clock("learn")
+            if self.learner is not None:
+                clock("learn")
             # The node's ranks start the round's job-wide sums together, awake: no hop
             # of them waits for a sleeping rank to poll.
             self.node_barrier.wait()
