@@ -79,6 +79,17 @@ def main(argv: list[str] | None = None) -> int:
             gc.enable()
 
 
+def _bf16_note(cfg) -> str | None:
+    """The start-up warning for bf16 learners on a CPU without native bf16 (rank 0's;
+    torch is imported only when the run asks for bf16)."""
+    precision = getattr(cfg.algo_config, "precision", "fp32")
+    if precision != "bf16":
+        return None
+    from pal_hpc.algos.nets import bf16_cpu_note
+
+    return bf16_cpu_note(precision, cfg.device)
+
+
 def _main(argv: list[str] | None) -> int:
     from pal_hpc.runtime import lifeline, signals
 
@@ -118,7 +129,6 @@ def _main(argv: list[str] | None) -> int:
             cfg.run_dir = world.bcast(cfg.resolved_run_dir() if rank == 0 else None, root=0)
         deadline.set_record(str(Path(cfg.run_dir) / "peer_lost.log"))
 
-        from pal_hpc.algos.nets import bf16_cpu_note
         from pal_hpc.cluster.topology import build_topology, uneven_nodes_note
         from pal_hpc.plan import plan_at_startup
         from pal_hpc.runtime.entry import train
@@ -126,7 +136,7 @@ def _main(argv: list[str] | None) -> int:
         plan = plan_at_startup(world, cfg)     # None unless a per-node count is auto
         topo = build_topology(world, cfg, plan)
         notes = (uneven_nodes_note(topo.node_sizes, cfg.ranks_per_node),
-                 bf16_cpu_note(getattr(cfg.algo_config, "precision", "fp32"), cfg.device))
+                 _bf16_note(cfg) if rank == 0 else None)
         for note in notes:
             if rank == 0 and note:
                 print(note, flush=True)

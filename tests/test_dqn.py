@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from pal_hpc.algos import ALGOS, DQN, QNetwork
-from pal_hpc.algos.dqn import DQNConfig, DQNPolicy, actor_epsilon
+from pal_hpc.algos.configs import DQNSpec
+from pal_hpc.algos.dqn import DQNConfig, DQNPolicy, actor_epsilon, epsilon_greedy
+from pal_hpc.algos.dqn_acting import MLPQPolicy
 
 
 def make(obs_shape=(4,), n_actions=2, seed=0, **config_fields) -> DQN:
@@ -208,7 +210,7 @@ def test_actor_epsilon_decays_to_each_actors_final_epsilon():
     assert actor_epsilon(instant, 0, 2, 0) == pytest.approx(0.5)
 
 
-def explore_rate(policy: DQNPolicy, global_steps: float, n: int = 20_000) -> float:
+def explore_rate(policy: MLPQPolicy, global_steps: float, n: int = 20_000) -> float:
     """Fraction of actions that are not the greedy one, on a single observation."""
     obs = np.zeros((n, 4), np.float32)
     rng = np.random.default_rng(11)
@@ -221,7 +223,7 @@ def explore_rate(policy: DQNPolicy, global_steps: float, n: int = 20_000) -> flo
 def test_policy_explores_with_its_actors_epsilon(actor, global_steps):
     dqn = make((4,), 4, hidden=[8], **EPS)
     policy = dqn.make_policy(actor, 2)
-    assert isinstance(policy, DQNPolicy)
+    assert isinstance(policy, MLPQPolicy)
     eps = actor_epsilon(dqn.config, actor, 2, global_steps)
     # A random action is the greedy one 1 time in 4.
     assert explore_rate(policy, global_steps) == pytest.approx(eps * 3 / 4, abs=0.02)
@@ -230,25 +232,48 @@ def test_policy_explores_with_its_actors_epsilon(actor, global_steps):
 @pytest.mark.parametrize("fields", [{"hidden": [32]}, {"hidden": [16, 8], "dueling": True},
                                     {"hidden": []}])
 def test_mlp_policies_act_through_numpy_as_through_torch(fields):
-    """An MLP policy takes its Q-values through numpy (NumpyQ): they are the torch
-    network's to float32 rounding, also after new weights arrive, and the actions
-    (greedy and epsilon-greedy, the same generator state) are torch's path's."""
+    """An MLP policy is numpy's (MLPQPolicy, what an actor rank without torch runs): its
+    Q-values are the torch network's to float32 rounding, also after new weights
+    arrive, and its actions (greedy and epsilon-greedy, the same generator state) are
+    torch's path's."""
     dqn = make((3,), 4, seed=5, **fields)
     policy = dqn.make_policy(0, 1)
-    assert policy._np_q is not None
+    assert isinstance(policy, MLPQPolicy)
     rng = np.random.default_rng(2)
     obs = rng.standard_normal((64, 3)).astype(np.float32)
-    for _ in range(2):
+    for seed in (5, 6):
+        net = make((3,), 4, seed=seed, **fields).online
         with torch.no_grad():
-            want = policy.q_net(torch.from_numpy(obs)).numpy()
-        np.testing.assert_allclose(policy._np_q(obs), want, rtol=1e-5, atol=1e-6)
+            want = net(torch.from_numpy(obs)).numpy()
+        np.testing.assert_allclose(policy.q(obs), want, rtol=1e-5, atol=1e-6)
         g1, g2 = np.random.default_rng(9), np.random.default_rng(9)
-        got = policy.act(obs, g1, 0)
-        np_q, policy._np_q = policy._np_q, None
-        np.testing.assert_array_equal(got, policy.act(obs, g2, 0))
-        policy._np_q = np_q
+        steps = dqn.config.exploration_steps // 2            # a mix of greedy and random
+        eps = actor_epsilon(dqn.config, 0, 1, steps)
+        assert 0.2 < eps < 0.8
+        got = policy.act(obs, g1, steps)
+        np.testing.assert_array_equal(got, epsilon_greedy(net, torch.from_numpy(obs), eps,
+                                                          4, g2))
         assert g1.random() == g2.random()                # the same draws, no more
         policy.set_flat_params(make((3,), 4, seed=6, **fields).policy_params())
+
+
+def test_the_spec_builds_the_policy_without_torch_and_frames_get_none():
+    """`DQNSpec.numpy_policy`, what an actor rank that is no learner builds (it imports
+    no torch): the learner's layout of the parameters, zeros until the first ones are
+    published; frames (a CNN torso) have none and act through torch (DQNPolicy)."""
+    dqn = make((5,), 3, hidden=[7, 6], dueling=True, seed=1)
+    box = gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)
+    policy = DQNSpec.numpy_policy(box, gym.spaces.Discrete(3), dqn.config, 0, 1)
+    assert policy.num_params == dqn.num_params
+    policy.set_flat_params(dqn.policy_params())
+    obs = np.random.default_rng(3).standard_normal((32, 5)).astype(np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(policy.q(obs), dqn.online(torch.from_numpy(obs)).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    assert DQNSpec.numpy_policy(frames, gym.spaces.Discrete(3), dqn.config, 0, 1) is None
+    image = DQN(frames, gym.spaces.Discrete(3), DQNConfig(), seed=0)
+    assert isinstance(image.make_policy(0, 1), DQNPolicy)
 
 
 def test_policy_deterministic_is_greedy():
@@ -276,9 +301,7 @@ def test_policy_loads_published_params():
     published[:] = 0.0                   # a copy: the policy does not alias the vector
     np.testing.assert_array_equal(greedy(), a.act(obs, 0.0, np.random.default_rng(0)))
     assert not np.array_equal(before, greedy())
-    np.testing.assert_array_equal(
-        np.concatenate([p.detach().reshape(-1).numpy() for p in policy.q_net.parameters()]),
-        a.policy_params())
+    np.testing.assert_array_equal(policy.q.flat, a.policy_params())
     # The learner's own network is not the policy's.
     assert not np.array_equal(b.policy_params(), a.policy_params())
     with pytest.raises(ValueError):

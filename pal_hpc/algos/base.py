@@ -14,7 +14,8 @@ algorithm knows no MPI.  Two sides, as in Acme's learner/actor split:
   sampled transitions (|TD error|), or None when the algorithm has none; its loss is
   the one the importance weights enter, linearly (the runtime divides its gradient
   by the batch's largest weight under `--per-weights batch`).
-- `Policy` (actor side): a copy of the network actors need, loaded from the flat
+- `Policy` (actor side, `pal_hpc.algos.policy`): a copy of the network actors need
+  (in numpy where the algorithm has it, `AlgoSpec.numpy_policy`), loaded from the flat
   vector the learners publish (`policy_params`), and `act`, which owns exploration
   (epsilon for DQN, Gaussian noise for DDPG/TD3, sampling for SAC).
 
@@ -26,7 +27,6 @@ algorithm's name.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -36,34 +36,8 @@ import numpy as np
 import torch
 
 from pal_hpc.algos.nets import FlatParams
+from pal_hpc.algos.policy import Policy
 from pal_hpc.algos.spec import AlgoConfig
-from pal_hpc.options import ConfigError
-
-
-@dataclasses.dataclass
-class Policy(ABC):
-    """What an actor runs: `act` on a batch of observations, with exploration.
-
-    Parameters come from the learners' published flat vector (`set_flat_params`);
-    a policy never learns."""
-
-    @property
-    @abstractmethod
-    def num_params(self) -> int:
-        """Length of the flat vector `set_flat_params` takes."""
-
-    @abstractmethod
-    def set_flat_params(self, flat: np.ndarray) -> None:
-        """Load the parameters the learners published (a copy; never aliased)."""
-
-    @abstractmethod
-    def act(self, obs: np.ndarray, rng: np.random.Generator, global_steps: float,
-            deterministic: bool = False) -> np.ndarray:
-        """Actions for a batch of observations (B, *obs_shape), in the env's action
-        space (Discrete: int64 (B,); Box: float32 (B, act_dim) in [-1, 1], which the
-        runtime's environments take).  `global_steps` (env steps of the whole job)
-        drives exploration schedules; `deterministic` is the evaluation policy
-        (greedy, or the mean action)."""
 
 
 class NetworkPolicy(Policy):
@@ -100,7 +74,6 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     Config: ClassVar[type[AlgoConfig]]
-    metric_names: ClassVar[tuple[str, ...]]   # the learner metrics the log records
     # Run-wide settings this algorithm wants when the user gives none (e.g. TD3's
     # gamma 0.98 and batches of 256); `pal_hpc.config_io.config_from_dict` applies them.
     run_defaults: ClassVar[dict] = {}
@@ -110,18 +83,10 @@ class Algorithm(ABC):
         self.obs_space, self.act_space, self.config = obs_space, act_space, config
         self.row_offset, self.row_total = 0, 0     # see set_rows; 0 rows = the whole batch
 
-    # -- what the runtime asks before building anything --------------------------------
-
-    @classmethod
-    def check_env(cls, env_id: str, obs_space: gym.Space, act_space: gym.Space) -> None:
-        """Raise ConfigError (field "env") when the spaces do not fit the algorithm."""
-
-    @classmethod
-    def needs(cls, kind: type, env_id: str, act_space: gym.Space) -> None:
-        """check_env's usual body: the action space must be a `kind`."""
-        if not isinstance(act_space, kind):
-            raise ConfigError(f"env: {cls.name} needs a {kind.__name__} action space; "
-                              f"{env_id} has {act_space}")
+    # What the runtime asks before building anything -- `check_env(env_id, obs_space,
+    # act_space)`, `signature_of(obs_space, act_space, config)`, `numpy_policy(...)`,
+    # `metric_names` -- is the algorithm's spec's (`pal_hpc.algos.spec.AlgoSpec`), which
+    # every algorithm class derives from.
 
     # -- acting ------------------------------------------------------------------------
 
@@ -194,10 +159,10 @@ class Algorithm(ABC):
         """Restore what `state_dict` returned."""
 
     def signature(self) -> dict:
-        """What a checkpoint must match to be resumed into this algorithm: its name,
-        the spaces and every config field that changes a shape."""
-        return {"algo": self.name, "obs_shape": list(self.obs_space.shape),
-                "action_space": str(self.act_space)}
+        """What a checkpoint must match to be resumed into this algorithm (its spec's
+        `signature_of`: its name, the spaces and every config field that changes a
+        shape)."""
+        return self.signature_of(self.obs_space, self.act_space, self.config)
 
 
 class OnePhaseAlgorithm(Algorithm):

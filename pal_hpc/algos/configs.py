@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pal_hpc.algos.spec import CNN_NAMES, PRECISIONS, AlgoConfig, AlgoSpec, precision_option
+from pal_hpc.algos.spec import (CNN_NAMES, PRECISIONS, AlgoConfig, AlgoSpec, is_image,
+                                precision_option)
 from pal_hpc.options import option as _f
 
 LOSSES = ("huber", "mse")
@@ -148,6 +149,30 @@ class DQNSpec(AlgoSpec):
     # MinAtar ids: the settings of --minatar-preset (MINATAR_PRESETS, docs/minatar.md).
     preset_field = "minatar_preset"
     env_defaults = staticmethod(minatar_defaults)
+    metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
+
+    @classmethod
+    def check_env(cls, env_id, obs_space, act_space) -> None:
+        import gymnasium as gym
+
+        cls.needs(gym.spaces.Discrete, env_id, act_space)
+
+    @classmethod
+    def signature_of(cls, obs_space, act_space, config) -> dict:
+        sig = {**super().signature_of(obs_space, act_space, config),
+               "hidden": list(config.hidden), "dueling": config.dueling}
+        if is_image(obs_space):
+            sig["cnn"] = config.cnn
+        return sig
+
+    @classmethod
+    def numpy_policy(cls, obs_space, act_space, config, actor_index, n_actors):
+        """Vector observations: `MLPQPolicy` (numpy); frames act through torch."""
+        if is_image(obs_space):
+            return None
+        from pal_hpc.algos.dqn_acting import MLPQPolicy
+
+        return MLPQPolicy(obs_space, act_space.n, config, actor_index, n_actors)
 
 
 # The run-wide defaults of the rl-baselines3-zoo Pendulum recipe (1 gradient step of
@@ -191,6 +216,18 @@ class DDPGSpec(AlgoSpec):
     name = "ddpg"
     Config = DDPGConfig
     run_defaults: ClassVar[dict] = ZOO_PENDULUM_RUN_DEFAULTS
+    metric_names = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
+
+    @classmethod
+    def check_env(cls, env_id, obs_space, act_space) -> None:
+        import gymnasium as gym
+
+        cls.needs(gym.spaces.Box, env_id, act_space)
+
+    @classmethod
+    def signature_of(cls, obs_space, act_space, config) -> dict:
+        return {**super().signature_of(obs_space, act_space, config),
+                "hidden": list(config.hidden)}
 
 
 @dataclass
@@ -249,3 +286,15 @@ class SACSpec(AlgoSpec):
     run_defaults: ClassVar[dict] = {"gamma": 0.99, "batch_size": 256, "learning_starts": 100,
                                     "replay_ratio": 256.0, "n_step": 1,
                                     "replay_capacity": 1_000_000}
+    metric_names = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean", "td_abs_mean")
+
+    @classmethod
+    def check_env(cls, env_id, obs_space, act_space) -> None:
+        import gymnasium as gym
+
+        cls.needs(gym.spaces.Box, env_id, act_space)
+
+    @classmethod
+    def signature_of(cls, obs_space, act_space, config) -> dict:
+        return {**super().signature_of(obs_space, act_space, config),
+                "hidden": list(config.hidden)}

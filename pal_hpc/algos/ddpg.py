@@ -102,7 +102,6 @@ class DDPG(DDPGSpec, Algorithm):
     The batch's `reward` is already the n-step discounted return and its `discount`
     is gamma**k for the bootstrap (0 after a terminal): the actors built them."""
 
-    metric_names = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
     n_critics: ClassVar[int] = 1
 
     def __init__(self, obs_space: gym.Space, act_space: gym.Space,
@@ -134,10 +133,6 @@ class DDPG(DDPGSpec, Algorithm):
         actor = Actor(d, self.act_dim, hidden)
         critics = nn.ModuleList(Critic(d, self.act_dim, hidden) for _ in range(self.n_critics))
         return actor, critics
-
-    @classmethod
-    def check_env(cls, env_id, obs_space, act_space) -> None:
-        cls.needs(gym.spaces.Box, env_id, act_space)
 
     # ---- acting -----------------------------------------------------------------------
 
@@ -282,9 +277,6 @@ class DDPG(DDPGSpec, Algorithm):
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.updates, self.actor_updates = int(state["updates"]), int(state["actor_updates"])
-
-    def signature(self) -> dict:
-        return {**super().signature(), "hidden": list(self.config.hidden)}
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.float32, device=self.device)

@@ -7,8 +7,10 @@ No MPI, no replay, no environment loop live here.  A learner calls
     allreduce_sum(send, recv)            # the runtime's business, one flat buffer
     dqn.apply_gradients("q", recv, scale=1 / n_learners)
 
-and writes `priorities` back to its replay.  Actors run a `DQNPolicy`: epsilon-greedy,
-each actor decaying to its own final epsilon (Ape-X spread).
+and writes `priorities` back to its replay.  Actors act epsilon-greedy, each actor
+decaying to its own final epsilon (Ape-X spread): on vectors through numpy
+(`pal_hpc.algos.dqn_acting.MLPQPolicy`, which an actor rank builds without torch), on
+frames through a CPU copy of the network (`DQNPolicy`).
 
 Vector observations go through an MLP (`hidden`); image observations (uint8 frames,
 e.g. Atari) through a CNN torso (`cnn`: Nature or NIPS), kept uint8 up to it.
@@ -27,6 +29,7 @@ from torch import nn
 
 from pal_hpc.algos.base import NetworkPolicy, OnePhaseAlgorithm
 from pal_hpc.algos.configs import DQNConfig, DQNSpec
+from pal_hpc.algos.dqn_acting import MLPQPolicy, actor_epsilon, explore
 from pal_hpc.algos.dqn_numpy import NumpyTD
 from pal_hpc.algos.nets import (FlatParams, MLPTorso, autocast, is_image, output_linear, seeded,
                                 torso)
@@ -34,15 +37,6 @@ from pal_hpc.algos.optim import FlatAdam, FlatRMSProp
 
 # The arrays a loss batch carries (see DQN.loss).
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
-
-
-def actor_epsilon(cfg: DQNConfig, actor_index: int, n_actors: int, global_steps: float) -> float:
-    """Linear decay from eps_start to this actor's final epsilon over exploration_steps;
-    final epsilons spread Ape-X style: eps_final ** (1 + eps_spread * i / (N - 1))."""
-    spread = cfg.eps_spread * actor_index / (n_actors - 1) if n_actors > 1 else 0.0
-    final = cfg.eps_final ** (1.0 + spread)
-    frac = min(1.0, global_steps / cfg.exploration_steps) if cfg.exploration_steps > 0 else 1.0
-    return cfg.eps_start + frac * (final - cfg.eps_start)
 
 
 class QNetwork(nn.Module):
@@ -99,72 +93,21 @@ def epsilon_greedy(q_net: QNetwork, obs: torch.Tensor, epsilons, n_actions: int,
     return explore(actions, epsilons, n_actions, rng)
 
 
-def explore(actions: np.ndarray, epsilons, n_actions: int, rng: np.random.Generator
-            ) -> np.ndarray:
-    """`actions` with row i replaced by a uniform random action with probability
-    epsilons[i] (a scalar broadcasts)."""
-    eps = np.broadcast_to(np.asarray(epsilons, dtype=np.float64), actions.shape)
-    chosen = rng.random(actions.shape) < eps
-    actions[chosen] = rng.integers(0, n_actions, size=int(chosen.sum()))
-    return actions
-
-
-class NumpyQ:
-    """The Q-values of an MLP `QNetwork` computed with numpy, from views of the network's
-    own parameters (rebuilt if their storage moves; a policy's never does).
-
-    An actor acts on a few vectors a step, where torch's fixed cost per op is nearly
-    all of the forward pass: 8 Blackjack observations through the reactor paper's
-    3-32-2 network take 76 us through torch, a few through this (Zen 4, one thread);
-    the synchronized Q-learning benchmark steps 800,000 times.  The values agree with
-    torch's to float32 rounding (tests/test_dqn.py)."""
-
-    def __init__(self, q_net: QNetwork):
-        self.q_net = q_net
-        self._ptr = -1
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        net = self.q_net
-        heads = (net.value, net.advantage) if net.dueling else (net.head,)
-        ptr = heads[0].weight.data_ptr()
-        if ptr != self._ptr:
-            self._trunk, self._heads = [
-                [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in layers]
-                for layers in (net._linears, heads)]
-            self._ptr = ptr
-        z = np.asarray(obs, np.float32).reshape(len(obs), -1)
-        for wt, b in self._trunk:
-            z = z @ wt
-            z += b
-            np.maximum(z, 0.0, out=z)
-        outs = [z @ wt + b for wt, b in self._heads]
-        if not net.dueling:
-            return outs[0]
-        value, adv = outs
-        return value + adv - adv.mean(axis=1, keepdims=True)
-
-
 class DQNPolicy(NetworkPolicy):
-    """An actor's Q-network copy, acting epsilon-greedy with this actor's epsilon."""
+    """An actor's CNN Q-network copy (frames, uint8 up to the torso, which scales them),
+    acting epsilon-greedy with this actor's epsilon.  Vector observations act through
+    numpy (`pal_hpc.algos.dqn_acting.MLPQPolicy`)."""
 
     def __init__(self, q_net: QNetwork, cfg: DQNConfig, n_actions: int, actor_index: int,
                  n_actors: int):
         self.q_net, self.cfg, self.n_actions = q_net, cfg, n_actions
         self.actor_index, self.n_actors = actor_index, n_actors
-        # Frames stay uint8 (the CNN torso scales them); vectors become float32.
-        self.obs_dtype = None if q_net.image else torch.float32
         super().__init__(q_net)
-        # An MLP acts through numpy (NumpyQ); frames through torch.
-        self._np_q = None if q_net.image else NumpyQ(q_net)
 
     def act(self, obs, rng, global_steps, deterministic=False):
         eps = 0.0 if deterministic else actor_epsilon(self.cfg, self.actor_index,
                                                       self.n_actors, global_steps)
-        if self._np_q is not None:
-            return explore(self._np_q(obs).argmax(axis=1).astype(np.int64), eps,
-                           self.n_actions, rng)
-        return epsilon_greedy(self.q_net, torch.as_tensor(obs, dtype=self.obs_dtype), eps,
-                              self.n_actions, rng)
+        return epsilon_greedy(self.q_net, torch.as_tensor(obs), eps, self.n_actions, rng)
 
 
 class DQN(DQNSpec, OnePhaseAlgorithm):
@@ -174,7 +117,6 @@ class DQN(DQNSpec, OnePhaseAlgorithm):
     is gamma**k for the bootstrap (0 after a terminal): the actors built them."""
 
     phase = "q"
-    metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: DQNConfig | None = None,
                  *, device: str | torch.device = "cpu", seed: int = 0):
         config = config or DQNConfig()
@@ -213,13 +155,16 @@ class DQN(DQNSpec, OnePhaseAlgorithm):
         return QNetwork(self.obs_space, self.n_actions, tuple(self.config.hidden),
                         self.config.dueling, self.config.cnn)
 
-    @classmethod
-    def check_env(cls, env_id, obs_space, act_space) -> None:
-        cls.needs(gym.spaces.Discrete, env_id, act_space)
-
     # ---- acting ---------------------------------------------------------------------
 
-    def make_policy(self, actor_index: int, n_actors: int) -> DQNPolicy:
+    def make_policy(self, actor_index: int, n_actors: int) -> MLPQPolicy | DQNPolicy:
+        """Vector observations: the numpy policy an actor rank without torch runs too
+        (`DQNSpec.numpy_policy`); frames: a CPU copy of the online network."""
+        policy = self.numpy_policy(self.obs_space, self.act_space, self.config,
+                                   actor_index, n_actors)
+        if policy is not None:
+            policy.set_flat_params(self.policy_params())
+            return policy
         net = copy.deepcopy(self.online).cpu().requires_grad_(False)
         return DQNPolicy(net, self.config, self.n_actions, actor_index, n_actors)
 
@@ -336,13 +281,6 @@ class DQN(DQNSpec, OnePhaseAlgorithm):
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state.get("updates", self.optimizer.step_count))
-
-    def signature(self) -> dict:
-        sig = {**super().signature(), "hidden": list(self.config.hidden),
-               "dueling": self.config.dueling}
-        if self.image:
-            sig["cnn"] = self.config.cnn
-        return sig
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.float32, device=self.device)

@@ -10,13 +10,12 @@ import math
 from collections.abc import Iterable, Sequence
 
 import gymnasium as gym
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pal_hpc.algos.cnn import CNNTorso
-from pal_hpc.algos.spec import ACTIVATION_NAMES
+from pal_hpc.algos.spec import ACTIVATION_NAMES, is_image
 
 def autocast(device: torch.device, precision: str):
     """The context a learner's losses run in: bf16 autocast, or nothing for fp32.
@@ -165,12 +164,6 @@ class MLPTorso(nn.Sequential):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return super().forward(obs.reshape(obs.shape[0], -1))
-
-
-def is_image(obs_space: gym.Space) -> bool:
-    """Frames: a 3-D uint8 Box, channels first (Atari's stacked (4, 84, 84))."""
-    return (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3
-            and obs_space.dtype == np.uint8)
 
 
 def torso(obs_space: gym.Space, kind: str = "nature",

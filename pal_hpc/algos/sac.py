@@ -118,7 +118,6 @@ class SAC(SACSpec, Algorithm):
     per phase.  The batch's `reward` is the n-step return and its `discount` gamma**k
     (0 after a terminal): the actors built them."""
 
-    metric_names = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean", "td_abs_mean")
     def __init__(self, obs_space: gym.Space, act_space: gym.Space, config: SACConfig | None = None,
                  *, device: str | torch.device = "cpu", seed: int = 0):
         config = config or SACConfig()
@@ -156,10 +155,6 @@ class SAC(SACSpec, Algorithm):
         # A stream apart from the one that initialised the networks.
         self.generator.manual_seed(int(np.random.SeedSequence([seed, 0x5AC]).generate_state(1)[0]))
         self.updates = 0
-
-    @classmethod
-    def check_env(cls, env_id, obs_space, act_space) -> None:
-        cls.needs(gym.spaces.Box, env_id, act_space)
 
     @property
     def alpha(self) -> float:
@@ -325,9 +320,6 @@ class SAC(SACSpec, Algorithm):
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.generator.set_state(torch.as_tensor(state["generator"], dtype=torch.uint8).cpu())
         self.updates = int(state["updates"])
-
-    def signature(self) -> dict:
-        return {**super().signature(), "hidden": list(self.config.hidden)}
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.float32, device=self.device)

@@ -61,7 +61,12 @@ class AlgoSpec:
     - `preset_field`, `presets`: the option naming a preset, and each preset's values;
       `env_defaults(env, preset)`: a preset's values for an env's family (PPO);
     - `on_policy`: runs on the lockstep runtime (one master per node), not on actors,
-      replay and learners."""
+      replay and learners;
+    - `metric_names`: the learner metrics the log records;
+    - `check_env`, `signature_of` and `numpy_policy`: what the runtime asks of an
+      algorithm before (or instead of) building it -- whether it takes an env's
+      spaces, what a checkpoint must match, and a torch-free policy where it has one
+      (an actor rank that is not a learner then never imports torch)."""
 
     name: ClassVar[str]
     Config: ClassVar[type]
@@ -73,6 +78,42 @@ class AlgoSpec:
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     env_defaults: ClassVar[Any] = None
     on_policy: ClassVar[bool] = False
+    metric_names: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check_env(cls, env_id: str, obs_space, act_space) -> None:
+        """Raise ConfigError (field "env") when the spaces do not fit the algorithm."""
+
+    @classmethod
+    def needs(cls, kind: type, env_id: str, act_space) -> None:
+        """check_env's usual body: the action space must be a `kind`."""
+        if not isinstance(act_space, kind):
+            raise ConfigError(f"env: {cls.name} needs a {kind.__name__} action space; "
+                              f"{env_id} has {act_space}")
+
+    @classmethod
+    def signature_of(cls, obs_space, act_space, config) -> dict:
+        """What a checkpoint must match to be resumed into this algorithm: its name,
+        the spaces and every config field that changes a shape."""
+        return {"algo": cls.name, "obs_shape": list(obs_space.shape),
+                "action_space": str(act_space)}
+
+    @classmethod
+    def numpy_policy(cls, obs_space, act_space, config, actor_index: int, n_actors: int):
+        """A `pal_hpc.algos.policy.Policy` for actor `actor_index` of `n_actors` that
+        needs no torch, where the algorithm has one for these spaces (its parameters
+        still to be loaded), else None.  An actor rank that is not also a learner then
+        never imports torch: 2.6 CPU-s and ~160 MB less a rank on a 2-core EPYC."""
+        return None
+
+
+def is_image(obs_space) -> bool:
+    """Frames: a 3-D uint8 Box, channels first (Atari's stacked (4, 84, 84))."""
+    import gymnasium as gym
+    import numpy as np
+
+    return (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3
+            and obs_space.dtype == np.uint8)
 
 
 def lazy_exports(package: str, where: dict[str, str]):

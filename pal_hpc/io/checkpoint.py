@@ -32,7 +32,6 @@ from typing import Callable
 
 import h5py
 import numpy as np
-import torch
 
 from pal_hpc.io.rundir import check_space
 
@@ -196,6 +195,13 @@ def _attr_text(value) -> str:
     return str(value)
 
 
+def _is_tensor(value) -> bool:
+    """A torch tensor, without importing torch where no tensor can exist (an actor rank
+    with a numpy policy never imports it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def save_tree(group: h5py.Group, obj) -> None:
     """Store a nested dict of tensors / arrays / JSON values under `group`."""
     for key, value in obj.items():
@@ -204,7 +210,7 @@ def save_tree(group: h5py.Group, obj) -> None:
             sub = group.create_group(name)
             sub.attrs["kind"] = "dict"
             save_tree(sub, value)
-        elif isinstance(value, torch.Tensor):
+        elif _is_tensor(value):
             ds = group.create_dataset(name, data=value.detach().cpu().numpy())
             ds.attrs["kind"] = "tensor"
         elif isinstance(value, np.ndarray):
@@ -222,6 +228,8 @@ def load_tree(group: h5py.Group) -> dict:
         if isinstance(obj, h5py.Group):
             out[key] = load_tree(obj)
         elif obj.attrs.get("kind") == "tensor":
+            import torch      # here: an actor rank without torch loads no algorithm state
+
             out[key] = torch.from_numpy(np.array(obj[()]))
         else:
             out[key] = np.array(obj[()])

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
 
 from pal_hpc.cluster.collectives import on_rank0, wait_all
 from pal_hpc.config import ConfigError
@@ -32,6 +31,14 @@ from pal_hpc.runtime import resume_layout as RL
 from pal_hpc.runtime import resume_replay as RR
 from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.coordinator import wall_budget_used
+
+
+def _torch():
+    """torch, on the ranks that use it (`RankRun.uses_torch`): an actor rank with a
+    numpy policy never imports it."""
+    import torch
+
+    return torch
 
 
 class Checkpointing:
@@ -108,7 +115,9 @@ class Checkpointing:
             "np_rng": json.dumps(actor.rng.bit_generator.state) if actor is not None else "",
             "learner_rng": (json.dumps(self.learner.rng.bit_generator.state)
                             if self.learner is not None else ""),
-            "torch_rng": torch.get_rng_state().numpy(),
+            # An actor rank without torch (a numpy policy) has no generator to save.
+            "torch_rng": (_torch().get_rng_state().numpy() if self.uses_torch
+                          else np.zeros(0, np.uint8)),
             "next_eval": float(self.next_eval),
         }
 
@@ -211,7 +220,9 @@ class Checkpointing:
         # Requests of the old run (stop, preemption, checkpoints) are not this run's.
         for slot in (S.PREEMPT, S.STOP, S.CHECKPOINTS):
             self.stats.mine[slot] = 0.0
-        torch.set_rng_state(torch.from_numpy(np.array(g["torch_rng"][()])))
+        saved_torch = np.array(g["torch_rng"][()])
+        if self.uses_torch and saved_torch.size:
+            _torch().set_rng_state(_torch().from_numpy(saved_torch))
         if self.actor is not None:
             self.actor.steps = int(g.attrs["actor_steps"])
             self.actor.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
@@ -239,7 +250,8 @@ class Checkpointing:
     def _derive_rngs(self, step: int) -> None:
         """Another layout: this rank's RNG streams from (seed, update, rank)."""
         seed, rank = self.cfg.seed, self.world.Get_rank()
-        torch.manual_seed(RL.derived_torch_seed(seed, step, rank))
+        if self.uses_torch:
+            _torch().manual_seed(RL.derived_torch_seed(seed, step, rank))
         if self.learner is not None:
             self.learner.rng = RL.derived_rng(seed, step, rank, RL.LEARNER_RNG)
         if self.actor is not None:

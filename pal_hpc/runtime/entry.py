@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import gc
 
-from pal_hpc.algos import ALGOS
+from pal_hpc.algos.registry import SPECS
+
+
+def imports_begin() -> None:
+    """More of the stack to import after `imports_done` (torch and the algorithm, on a
+    rank that uses them): no collection until the next `imports_done`."""
+    gc.disable()
 
 
 def imports_done() -> None:
@@ -22,7 +28,7 @@ def imports_done() -> None:
 def train(cfg, topo) -> int:
     """Run the job on this rank; returns the job's exit status, the same on every rank:
     0 (done) or `signals.WORK_LEFT_EXIT` (stopped on a signal with work left)."""
-    if getattr(ALGOS[cfg.algo], "on_policy", False):    # PAAC: lockstep envs, no replay
+    if SPECS[cfg.algo].on_policy:        # PAAC, PPO: lockstep envs, no replay
         from pal_hpc.runtime.onpolicy import train_on_policy
         imports_done()
         return train_on_policy(cfg, topo)

@@ -13,13 +13,13 @@ writes the summary.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
-from pal_hpc.algos import ALGOS
+from pal_hpc.algos.registry import SPECS
 from pal_hpc.cluster.collectives import gather_hosts, on_rank0, wait_all
 from pal_hpc.cluster.topology import pick_device
 from pal_hpc.cluster.weights import WeightStore
@@ -34,6 +34,7 @@ from pal_hpc.runtime.abort import JobError, injected_fault_after, stall_once
 from pal_hpc.runtime.actor import Actor
 from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
+from pal_hpc.runtime.entry import imports_begin, imports_done
 from pal_hpc.envs import action_info, make_env, obs_info
 from pal_hpc.envs.make import minatar_action_set_note
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
@@ -58,38 +59,65 @@ class RankRun(Checkpointing, Summary):
         self.run_dir_lock = on_rank0(self.world, lambda: claim_run_dir(
             cfg.resolved_run_dir(), cfg.resume, cfg.overwrite,
             check_tensorboard_dir if cfg.tensorboard else None))
-        limit_threads(cfg.torch_threads)          # torch's and numpy's BLAS (threads.py)
-        # Adam's second moments of small gradients decay into float32 denormals, and
-        # x86 arithmetic on denormals is ~50x slower: it made the optimizer step the
-        # learner's biggest cost.  Flush them to zero (FTZ/DAZ; values < 1.2e-38).
-        torch.set_flush_denormal(True)
         tighten_timer_slack()
-        Algo = ALGOS[cfg.algo]
+        spec = SPECS[cfg.algo]         # torch-free: the algorithm's class is imported below
         probe = make_env(cfg.env, cfg.seed)
         obs_space, act_space = probe.observation_space, probe.action_space
-        Algo.check_env(cfg.env, obs_space, act_space)
+        spec.check_env(cfg.env, obs_space, act_space)
         obs, action = obs_info(probe), action_info(probe)
         probe.close()
 
         node_roles = [r for r in topo.roles if r.node == me.node]
         self.n_actors = sum(r.is_actor for r in topo.roles)
         self.n_learners = sum(r.is_learner for r in topo.roles)
+        # A rank that is not a learner, of an algorithm that acts in numpy (DQN on
+        # vectors), never imports torch: 2.6 CPU-s and ~160 MB a rank less.
+        np_policy = spec.numpy_policy(obs_space, act_space, cfg.algo_config,
+                                      max(me.actor_index, 0), self.n_actors)
+        self.uses_torch = me.is_learner or np_policy is None
+        self.policy = np_policy if me.is_actor else None
+        if self.uses_torch:
+            imports_begin()              # no garbage collection while torch imports
+            import torch
+
+            from pal_hpc.algos import ALGOS
+
+            Algo = ALGOS[cfg.algo]
+            imports_done()
+            # Adam's second moments of small gradients decay into float32 denormals, and
+            # x86 arithmetic on denormals is ~50x slower: it made the optimizer step the
+            # learner's biggest cost.  Flush them to zero (FTZ/DAZ; values < 1.2e-38).
+            torch.set_flush_denormal(True)
+        limit_threads(cfg.torch_threads, torch=self.uses_torch)   # and numpy's BLAS
+        # The ranks without torch wait here for those importing it, asleep: in the
+        # blocking collectives below MPICH would spin (sched_yield) on the cores the
+        # imports need, 2.5 s a rank.
+        wait_all(self.world)
         regions = sum(r.is_actor for r in node_roles)
         kind = replay_kind(cfg, obs, action, regions)
         resolve_capacity(self.world, topo.node, kind, cfg, regions)
         check_replay_fits(self.world, topo.node, kind, cfg, regions)
         self.replay = make_replay(cfg, kind, topo.node, regions)
 
-        def make_algo(device):
-            # Same seed everywhere: every rank starts from identical parameters.
-            return Algo(obs_space, act_space, cfg.algo_config, device=device, seed=cfg.seed)
-
-        self.algo_class = Algo
-        cpu_algo = make_algo("cpu")
-        self.algo_signature = json.loads(json.dumps(cpu_algo.signature()))
-        self.weights = WeightStore(len(cpu_algo.policy_params()), comm=topo.node)
+        self.algo_class = spec
+        self.algo_signature = json.loads(json.dumps(
+            spec.signature_of(obs_space, act_space, cfg.algo_config)))
         self.learner = self.actor = None
-        self.policy = None
+        if self.uses_torch:
+            def make_algo(device):
+                # Same seed everywhere: every rank starts from identical parameters.
+                return Algo(obs_space, act_space, cfg.algo_config, device=device,
+                            seed=cfg.seed)
+
+            cpu_algo = make_algo("cpu")
+            if me.is_actor:
+                self.policy = cpu_algo.make_policy(me.actor_index, self.n_actors)
+            n_params = len(cpu_algo.policy_params())
+        else:
+            # Its parameters come with the node's learner's first publication (in the
+            # learner's constructor; an actor first steps after `_begin`'s barrier).
+            n_params = np_policy.num_params
+        self.weights = WeightStore(n_params, comm=topo.node)
         if me.is_learner:
             device = pick_device(cfg.device, me.local_learner_index)
             algo = cpu_algo if device.type == "cpu" else make_algo(device)
@@ -99,7 +127,6 @@ class RankRun(Checkpointing, Summary):
                                    # Each learner samples its own stream, reproducibly.
                                    rng=np.random.default_rng([cfg.seed, 1, me.learner_index]))
         if me.is_actor:
-            self.policy = cpu_algo.make_policy(me.actor_index, self.n_actors)
             self.actor = Actor(cfg, self.policy, self.replay, me.local_actor_index, self.weights,
                                me.actor_index, self.n_actors)
         self.evaluator = me.is_actor and me.actor_index == 0
@@ -110,7 +137,7 @@ class RankRun(Checkpointing, Summary):
         self.steps_sent = 0             # this actor's steps counted in the last round
         self.checkpoints_done = 0       # mid-run checkpoints this rank took part in
         self.hosts, self.cpus = gather_hosts(self.world)
-        self.streams = streams_for(Algo.metric_names)
+        self.streams = streams_for(spec.metric_names)
         self.telemetry = Telemetry(self.world.Dup(), streams=self.streams)
         self._sys_last = (time.monotonic(), 0, 0)
         self.ckpt_comm = self.world.Dup()   # checkpoint collectives never meet a stats round
@@ -341,13 +368,15 @@ class RankRun(Checkpointing, Summary):
         # Every learner must hold the same parameters: compare digests.
         digest = self.learner.algo.digest() if self.learner is not None else ""
         profile = self._learner_profile()
-        mine = (digest, profile, self._rank_profile(), self.profile_updates if profile else 0)
+        mine = (digest, profile, self._rank_profile(), self.profile_updates if profile else 0,
+                "torch" in sys.modules)
         gathered = world.gather(mine, root=0) or []
-        digests = [d for d, _, _, _ in gathered if d]
+        digests = [g[0] for g in gathered if g[0]]
         self.final_digest = digests[0] if digests else ""
-        self.learner_profiles = [p for d, p, _, _ in gathered if d]
-        self.rank_profiles = [p for _, _, p, _ in gathered if p]
-        self.profile_updates = max((n for _, _, _, n in gathered), default=0)
+        self.learner_profiles = [g[1] for g in gathered if g[0]]
+        self.rank_profiles = [g[2] for g in gathered if g[2]]
+        self.profile_updates = max((g[3] for g in gathered), default=0)
+        self.torch_ranks = [rank for rank, g in enumerate(gathered) if g[4]]
         totals = np.zeros(S.SIZE)
         world.Reduce(self.stats.mine, totals, op=MPI.SUM, root=0)
         world.Reduce(final_eval.copy(), final_eval, op=MPI.SUM, root=0)

@@ -61,6 +61,9 @@ class Summary:
             # a run's speed came from.
             "cpus": dict(getattr(self, "cpus", None) or {}),
             "actors": self.n_actors, "learners": self.n_learners,
+            # The ranks that imported torch: the learners, and actors whose algorithm
+            # has no numpy policy (`AlgoSpec.numpy_policy`; DQN on vectors has one).
+            "ranks_with_torch": getattr(self, "torch_ranks", None),
             "learner_params_identical": identical,
             "checkpoint": checkpoint,       # None: the final checkpoint failed
             "resumed_from": self.resumed_from or None,

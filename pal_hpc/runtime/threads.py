@@ -50,12 +50,14 @@ def openblas_threads() -> dict[str, int]:
     return out
 
 
-def limit_threads(n: int) -> list[str]:
-    """torch's intra-op threads and every loaded OpenBLAS's threads to `n`; returns the
-    OpenBLAS libraries it set."""
-    import torch             # here: the planner imports this module before it needs torch
+def limit_threads(n: int, torch: bool = True) -> list[str]:
+    """torch's intra-op threads (unless `torch` is False: a rank that never imports
+    it) and every loaded OpenBLAS's threads to `n`; returns the OpenBLAS libraries it
+    set."""
+    if torch:
+        import torch as _torch   # here: the planner imports this module before it needs torch
 
-    torch.set_num_threads(n)
+        _torch.set_num_threads(n)
     done = []
     for path in _loaded_openblas():
         lib = ctypes.CDLL(path)
