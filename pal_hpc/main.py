@@ -68,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     # No cyclic garbage collection while the rank imports its stack: torch's thousand
     # modules trigger ~380 collections, a tenth of the import's CPU time, and
     # every rank of a job pays it.  `runtime.entry.train` turns it back on (and freezes
-    # what the imports made) once they are done; `finally` for the paths that stop
-    # before (a bad flag, --help).
+    # what the imports made) once they are done (`runtime.imports`, which pauses it
+    # again while the ranks that use torch import it); `finally` for the paths that
+    # stop before (a bad flag, --help).
     collecting = gc.isenabled()
     gc.disable()
     try:

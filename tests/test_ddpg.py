@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pal_hpc.algos.ddpg import DDPG, DDPGConfig, actor_sigma
+from pal_hpc.algos.acting import actor_sigma
+from pal_hpc.algos.ddpg import DDPG, DDPGConfig
 from pal_hpc.algos.td3 import TD3
 from algo_checks import mlp_np, update
 from pal_hpc.config import ConfigError
@@ -116,7 +117,9 @@ def test_deterministic_act_is_the_actor_output(steps):
     obs = np.random.default_rng(0).standard_normal((32, 3)).astype(np.float32)
     with torch.no_grad():
         expected = algo.actor(torch.as_tensor(obs)).numpy()
-    np.testing.assert_array_equal(policy.act(obs, np.random.default_rng(0), steps, True), expected)
+    # The policy is numpy's (acting.DeterministicPolicy): torch's to float32 rounding.
+    np.testing.assert_allclose(policy.act(obs, np.random.default_rng(0), steps, True), expected,
+                               rtol=1e-5, atol=1e-6)
     assert not np.array_equal(policy.act(obs, np.random.default_rng(0), steps), expected)
 
 

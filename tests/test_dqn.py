@@ -15,7 +15,7 @@ import torch
 from pal_hpc.algos import ALGOS, DQN, QNetwork
 from pal_hpc.algos.configs import DQNSpec
 from pal_hpc.algos.dqn import DQNConfig, DQNPolicy, actor_epsilon, epsilon_greedy
-from pal_hpc.algos.dqn_acting import MLPQPolicy
+from pal_hpc.algos.acting import QPolicy
 
 
 def make(obs_shape=(4,), n_actions=2, seed=0, **config_fields) -> DQN:
@@ -210,7 +210,7 @@ def test_actor_epsilon_decays_to_each_actors_final_epsilon():
     assert actor_epsilon(instant, 0, 2, 0) == pytest.approx(0.5)
 
 
-def explore_rate(policy: MLPQPolicy, global_steps: float, n: int = 20_000) -> float:
+def explore_rate(policy: QPolicy, global_steps: float, n: int = 20_000) -> float:
     """Fraction of actions that are not the greedy one, on a single observation."""
     obs = np.zeros((n, 4), np.float32)
     rng = np.random.default_rng(11)
@@ -223,7 +223,7 @@ def explore_rate(policy: MLPQPolicy, global_steps: float, n: int = 20_000) -> fl
 def test_policy_explores_with_its_actors_epsilon(actor, global_steps):
     dqn = make((4,), 4, hidden=[8], **EPS)
     policy = dqn.make_policy(actor, 2)
-    assert isinstance(policy, MLPQPolicy)
+    assert isinstance(policy, QPolicy)
     eps = actor_epsilon(dqn.config, actor, 2, global_steps)
     # A random action is the greedy one 1 time in 4.
     assert explore_rate(policy, global_steps) == pytest.approx(eps * 3 / 4, abs=0.02)
@@ -232,13 +232,13 @@ def test_policy_explores_with_its_actors_epsilon(actor, global_steps):
 @pytest.mark.parametrize("fields", [{"hidden": [32]}, {"hidden": [16, 8], "dueling": True},
                                     {"hidden": []}])
 def test_mlp_policies_act_through_numpy_as_through_torch(fields):
-    """An MLP policy is numpy's (MLPQPolicy, what an actor rank without torch runs): its
+    """An MLP policy is numpy's (QPolicy, what an actor rank without torch runs): its
     Q-values are the torch network's to float32 rounding, also after new weights
     arrive, and its actions (greedy and epsilon-greedy, the same generator state) are
     torch's path's."""
     dqn = make((3,), 4, seed=5, **fields)
     policy = dqn.make_policy(0, 1)
-    assert isinstance(policy, MLPQPolicy)
+    assert isinstance(policy, QPolicy)
     rng = np.random.default_rng(2)
     obs = rng.standard_normal((64, 3)).astype(np.float32)
     for seed in (5, 6):
@@ -274,6 +274,28 @@ def test_the_spec_builds_the_policy_without_torch_and_frames_get_none():
     assert DQNSpec.numpy_policy(frames, gym.spaces.Discrete(3), dqn.config, 0, 1) is None
     image = DQN(frames, gym.spaces.Discrete(3), DQNConfig(), seed=0)
     assert isinstance(image.make_policy(0, 1), DQNPolicy)
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_minatar_policy_acts_in_numpy_as_the_torch_network(dueling):
+    """MinAtar's network (conv 16 3x3, dense 128) acts in numpy too (MinAtarQValues, the
+    convolution in C from the uint8 frames): torch's Q-values to float32 rounding, on
+    0/1 frames as MinAtar's and on other bytes, after each new set of parameters."""
+    frames = gym.spaces.Box(0, 1, (4, 10, 10), np.uint8)
+    cfg = DQNConfig(cnn="minatar", dueling=dueling)
+    policy = DQN(frames, gym.spaces.Discrete(6), cfg, seed=0).make_policy(1, 3)
+    assert isinstance(policy, QPolicy)
+    rng = np.random.default_rng(4)
+    for seed in (1, 2):
+        net = DQN(frames, gym.spaces.Discrete(6), cfg, seed=seed)
+        policy.set_flat_params(net.policy_params())
+        for obs in (rng.random((16, 4, 10, 10)) < 0.3, rng.integers(0, 256, (5, 4, 10, 10))):
+            obs = obs.astype(np.uint8)
+            with torch.no_grad():
+                want = net.online(torch.from_numpy(obs)).numpy()
+            np.testing.assert_allclose(policy.q(obs), want, rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(
+                policy.act(obs, rng, 0, deterministic=True), want.argmax(axis=1))
 
 
 def test_policy_deterministic_is_greedy():

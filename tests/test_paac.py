@@ -469,6 +469,7 @@ def test_bf16_precision_is_close_to_fp32_and_keeps_fp32_state():
 
 def test_registry_spaces_and_num_envs():
     assert ALGOS["paac"] is PAAC and PAAC.on_policy
+    assert PAAC.rollout_steps(PAACConfig(t_max=7)) == 7      # the spec's, torch-free
     with pytest.raises(ConfigError, match=r"env: paac needs a Discrete action space; "
                                           r"Pendulum-v1 has Box"):
         PAAC.check_env("Pendulum-v1", OBS, gym.spaces.Box(-1, 1, (1,)))
@@ -546,6 +547,7 @@ def test_two_virtual_nodes_keep_identical_masters(tmp_path):
     assert s["masters"] == 2 and s["nodes"] == 2 and s["num_envs"] == [8, 8]
     assert s["updates"] == -(-3000 // 80)
     assert s["learner_params_identical"]           # digests of both masters equal
+    assert s["ranks_with_torch"] == [0, 2]         # the masters; the env workers never
 
 
 @pytest.mark.mpi

@@ -14,7 +14,7 @@ import importlib
 _CLASSES = {"dqn": "DQN", "ddpg": "DDPG", "td3": "TD3", "sac": "SAC", "paac": "PAAC",
             "ppo": "PPO"}
 _WHERE = {"AlgoConfig": "pal_hpc.algos.spec", "Algorithm": "pal_hpc.algos.base",
-          "Policy": "pal_hpc.algos.policy", "DDPG": "pal_hpc.algos.ddpg",
+          "Policy": "pal_hpc.algos.acting", "DDPG": "pal_hpc.algos.ddpg",
           "DQN": "pal_hpc.algos.dqn", "QNetwork": "pal_hpc.algos.dqn",
           "PAAC": "pal_hpc.algos.paac.algorithm", "PPO": "pal_hpc.algos.ppo.algorithm",
           "SAC": "pal_hpc.algos.sac", "TD3": "pal_hpc.algos.td3"}

@@ -14,7 +14,7 @@ algorithm knows no MPI.  Two sides, as in Acme's learner/actor split:
   sampled transitions (|TD error|), or None when the algorithm has none; its loss is
   the one the importance weights enter, linearly (the runtime divides its gradient
   by the batch's largest weight under `--per-weights batch`).
-- `Policy` (actor side, `pal_hpc.algos.policy`): a copy of the network actors need
+- `Policy` (actor side, `pal_hpc.algos.acting`): a copy of the network actors need
   (in numpy where the algorithm has it, `AlgoSpec.numpy_policy`), loaded from the flat
   vector the learners publish (`policy_params`), and `act`, which owns exploration
   (epsilon for DQN, Gaussian noise for DDPG/TD3, sampling for SAC).
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from pal_hpc.algos.nets import FlatParams
-from pal_hpc.algos.policy import Policy
+from pal_hpc.algos.acting import Policy
 from pal_hpc.algos.spec import AlgoConfig
 
 
@@ -58,11 +58,6 @@ class NetworkPolicy(Policy):
         if flat_t.numel() != self.num_params:
             raise ValueError(f"vector has {flat_t.numel()} entries, expected {self.num_params}")
         self._flat.copy_(flat_t)        # a copy: never alias the caller's memory
-
-    @staticmethod
-    def uniform(rng: np.random.Generator, b: int, act_dim: int) -> np.ndarray:
-        """b uniform random actions in [-1, 1] (continuous exploration before learning)."""
-        return rng.uniform(-1.0, 1.0, size=(b, act_dim)).astype(np.float32)
 
 
 class Algorithm(ABC):

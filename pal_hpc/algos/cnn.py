@@ -13,22 +13,13 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from pal_hpc.algos.spec import CNN_NAMES
+from pal_hpc.algos.spec import CNN_NAMES, MINATAR, NATURE, NIPS, conv_out
 from pal_hpc.options import ConfigError
 
-# (out_channels, kernel, stride) of each conv layer, and the width of the dense layer.
-NATURE = ((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512    # Mnih et al. 2015
-NIPS = ((16, 8, 4), (32, 4, 2)), 256                  # Mnih et al. 2013; PAAC (Clemente 2017)
-MINATAR = ((16, 3, 1),), 128                          # Young & Tian 2019, on 10x10 frames
+# (out_channels, kernel, stride) of each conv layer, and the width of the dense layer
+# (spec.py: torch-free).
 KINDS = {"nature": NATURE, "nips": NIPS, "minatar": MINATAR}
 assert tuple(KINDS) == CNN_NAMES                   # the names configs accept (spec.py)
-
-
-def conv_out(size: int, layers: Sequence[tuple[int, int, int]]) -> int:
-    """Side length after unpadded convolutions: floor((size - kernel) / stride) + 1 each."""
-    for _, kernel, stride in layers:
-        size = (size - kernel) // stride + 1
-    return size
 
 
 class CNNTorso(nn.Module):

@@ -4,11 +4,12 @@ The algorithms themselves are in dqn.py, ddpg.py, td3.py and sac.py."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pal_hpc.algos.spec import (CNN_NAMES, PRECISIONS, AlgoConfig, AlgoSpec, is_image,
-                                precision_option)
+from pal_hpc.algos.spec import (CNN_NAMES, MINATAR, PRECISIONS, AlgoConfig, AlgoSpec,
+                                conv_out, is_image, precision_option)
 from pal_hpc.options import option as _f
 
 LOSSES = ("huber", "mse")
@@ -167,12 +168,24 @@ class DQNSpec(AlgoSpec):
 
     @classmethod
     def numpy_policy(cls, obs_space, act_space, config, actor_index, n_actors):
-        """Vector observations: `MLPQPolicy` (numpy); frames act through torch."""
-        if is_image(obs_space):
-            return None
-        from pal_hpc.algos.dqn_acting import MLPQPolicy
+        """`acting.QPolicy` on vectors and on MinAtar's network; the Atari CNNs act
+        through torch."""
+        from pal_hpc.algos import acting
 
-        return MLPQPolicy(obs_space, act_space.n, config, actor_index, n_actors)
+        n = int(act_space.n)
+        if not is_image(obs_space):
+            q = acting.QValues(math.prod(obs_space.shape), tuple(config.hidden), n,
+                               config.dueling)
+        elif config.cnn == "minatar":
+            (filters, kernel, stride), = MINATAR[0]
+            _, h, w = obs_space.shape
+            if conv_out(min(h, w), MINATAR[0]) < 1:
+                return None            # the torso refuses such frames, naming them
+            q = acting.MinAtarQValues(obs_space.shape, filters, kernel, stride, MINATAR[1],
+                                      n, config.dueling)
+        else:
+            return None
+        return acting.QPolicy(q, config, actor_index, n_actors)
 
 
 # The run-wide defaults of the rl-baselines3-zoo Pendulum recipe (1 gradient step of
@@ -228,6 +241,16 @@ class DDPGSpec(AlgoSpec):
     def signature_of(cls, obs_space, act_space, config) -> dict:
         return {**super().signature_of(obs_space, act_space, config),
                 "hidden": list(config.hidden)}
+
+    @classmethod
+    def numpy_policy(cls, obs_space, act_space, config, actor_index, n_actors):
+        """`acting.DeterministicPolicy`, with this actor's noise (`actor_sigma`)."""
+        from pal_hpc.algos.acting import DeterministicPolicy, actor_sigma
+
+        return DeterministicPolicy(math.prod(obs_space.shape), math.prod(act_space.shape),
+                                   tuple(config.hidden),
+                                   actor_sigma(config, actor_index, n_actors),
+                                   config.random_steps)
 
 
 @dataclass
@@ -298,3 +321,11 @@ class SACSpec(AlgoSpec):
     def signature_of(cls, obs_space, act_space, config) -> dict:
         return {**super().signature_of(obs_space, act_space, config),
                 "hidden": list(config.hidden)}
+
+    @classmethod
+    def numpy_policy(cls, obs_space, act_space, config, actor_index, n_actors):
+        """`acting.SquashedGaussianPolicy`."""
+        from pal_hpc.algos.acting import SquashedGaussianPolicy
+
+        return SquashedGaussianPolicy(math.prod(obs_space.shape), math.prod(act_space.shape),
+                                      tuple(config.hidden), config.random_steps)

@@ -14,9 +14,9 @@ buffer and Adam:
 DDPG runs both phases on every update; TD3 overrides `phases` (delayed actor),
 `n_critics` (twin critics) and `target_action` (target policy smoothing).
 
-Actors run a `DDPGPolicy`: uniform random actions until `random_steps` global env
-steps, then the deterministic action plus Gaussian noise whose std grows linearly
-across actors (Ape-X style spread).
+Actors run `acting.DeterministicPolicy` (numpy): uniform random actions until
+`random_steps` global env steps, then the deterministic action plus Gaussian noise
+whose std grows linearly across actors (Ape-X style spread).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pal_hpc.algos.base import Algorithm, NetworkPolicy
+from pal_hpc.algos.acting import DeterministicPolicy
+from pal_hpc.algos.base import Algorithm
 from pal_hpc.algos.configs import DDPGConfig, DDPGSpec
 from pal_hpc.algos.nets import MLP, FlatParams, autocast, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
@@ -39,15 +40,6 @@ from pal_hpc.algos.optim import FlatAdam
 # The arrays a loss batch carries.
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weights")
 PHASES = ("critic", "actor")
-
-def actor_sigma(cfg: DDPGConfig, actor_index: int, n_actors: int) -> float:
-    """Exploration std of actor i of N: action_noise * (1 + noise_spread * i / (N-1)).
-
-    Linear rather than Ape-X's geometric epsilons: those span orders of magnitude,
-    this spans a factor 1 + noise_spread (2 by default), where the two differ little."""
-    spread = cfg.noise_spread * actor_index / (n_actors - 1) if n_actors > 1 else 0.0
-    return cfg.action_noise * (1.0 + spread)
-
 
 class Actor(nn.Module):
     """Deterministic policy: MLP from a flattened observation to tanh actions in [-1, 1]."""
@@ -72,28 +64,6 @@ class Critic(nn.Module):
         """Q-values (B,)."""
         b = obs.shape[0]
         return self.mlp(torch.cat([obs.reshape(b, -1), action.reshape(b, -1)], dim=1)).squeeze(1)
-
-
-class DDPGPolicy(NetworkPolicy):
-    """An actor's copy of the deterministic policy, with this actor's exploration."""
-
-    def __init__(self, actor: Actor, act_dim: int, sigma: float, random_steps: int):
-        self.actor, self.act_dim = actor, act_dim
-        self.sigma, self.random_steps = sigma, random_steps
-        super().__init__(actor)
-
-    @torch.no_grad()
-    def act(self, obs, rng, global_steps, deterministic=False):
-        """Mean action when `deterministic`; else uniform in [-1, 1] before
-        `random_steps` global steps, then mean + N(0, sigma) clipped to [-1, 1]."""
-        b = len(obs)
-        if not deterministic and global_steps < self.random_steps:
-            return self.uniform(rng, b, self.act_dim)
-        mean = self.actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-        if deterministic or self.sigma == 0:
-            return mean.astype(np.float32, copy=False)
-        noisy = mean + self.sigma * rng.standard_normal(mean.shape)
-        return np.clip(noisy, -1.0, 1.0).astype(np.float32)
 
 
 class DDPG(DDPGSpec, Algorithm):
@@ -136,10 +106,13 @@ class DDPG(DDPGSpec, Algorithm):
 
     # ---- acting -----------------------------------------------------------------------
 
-    def make_policy(self, actor_index: int, n_actors: int) -> DDPGPolicy:
-        net = copy.deepcopy(self.actor).cpu().requires_grad_(False)
-        return DDPGPolicy(net, self.act_dim, actor_sigma(self.config, actor_index, n_actors),
-                          self.config.random_steps)
+    def make_policy(self, actor_index: int, n_actors: int) -> DeterministicPolicy:
+        """The numpy policy an actor rank builds without torch (`DDPGSpec.numpy_policy`),
+        holding the current parameters."""
+        policy = self.numpy_policy(self.obs_space, self.act_space, self.config,
+                                   actor_index, n_actors)
+        policy.set_flat_params(self.policy_params())
+        return policy
 
     def policy_params(self) -> np.ndarray:
         return self._numpy(self._actor_params.flat)

@@ -8,9 +8,9 @@ No MPI, no replay, no environment loop live here.  A learner calls
     dqn.apply_gradients("q", recv, scale=1 / n_learners)
 
 and writes `priorities` back to its replay.  Actors act epsilon-greedy, each actor
-decaying to its own final epsilon (Ape-X spread): on vectors through numpy
-(`pal_hpc.algos.dqn_acting.MLPQPolicy`, which an actor rank builds without torch), on
-frames through a CPU copy of the network (`DQNPolicy`).
+decaying to its own final epsilon (Ape-X spread): on vectors and MinAtar's network
+through numpy (`pal_hpc.algos.acting.QPolicy`, which an actor rank builds without
+torch), on Atari's frames through a CPU copy of the network (`DQNPolicy`).
 
 Vector observations go through an MLP (`hidden`); image observations (uint8 frames,
 e.g. Atari) through a CNN torso (`cnn`: Nature or NIPS), kept uint8 up to it.
@@ -29,7 +29,7 @@ from torch import nn
 
 from pal_hpc.algos.base import NetworkPolicy, OnePhaseAlgorithm
 from pal_hpc.algos.configs import DQNConfig, DQNSpec
-from pal_hpc.algos.dqn_acting import MLPQPolicy, actor_epsilon, explore
+from pal_hpc.algos.acting import QPolicy, actor_epsilon, explore
 from pal_hpc.algos.dqn_numpy import NumpyTD
 from pal_hpc.algos.nets import (FlatParams, MLPTorso, autocast, is_image, output_linear, seeded,
                                 torso)
@@ -94,9 +94,9 @@ def epsilon_greedy(q_net: QNetwork, obs: torch.Tensor, epsilons, n_actions: int,
 
 
 class DQNPolicy(NetworkPolicy):
-    """An actor's CNN Q-network copy (frames, uint8 up to the torso, which scales them),
-    acting epsilon-greedy with this actor's epsilon.  Vector observations act through
-    numpy (`pal_hpc.algos.dqn_acting.MLPQPolicy`)."""
+    """An actor's copy of an Atari CNN Q-network (frames, uint8 up to the torso, which
+    scales them), acting epsilon-greedy with this actor's epsilon.  Vector observations
+    and MinAtar's network act through numpy (`pal_hpc.algos.acting.QPolicy`)."""
 
     def __init__(self, q_net: QNetwork, cfg: DQNConfig, n_actions: int, actor_index: int,
                  n_actors: int):
@@ -157,7 +157,7 @@ class DQN(DQNSpec, OnePhaseAlgorithm):
 
     # ---- acting ---------------------------------------------------------------------
 
-    def make_policy(self, actor_index: int, n_actors: int) -> MLPQPolicy | DQNPolicy:
+    def make_policy(self, actor_index: int, n_actors: int) -> QPolicy | DQNPolicy:
         """Vector observations: the numpy policy an actor rank without torch runs too
         (`DQNSpec.numpy_policy`); frames: a CPU copy of the online network."""
         policy = self.numpy_policy(self.obs_space, self.act_space, self.config,

@@ -1,7 +1,8 @@
 """The on-policy contract: what the lockstep runtime (`pal_hpc.runtime.onpolicy`) asks of
 an algorithm beyond `Algorithm`, with the defaults of a one-step update (PAAC's).
 
-A round is `rollout_steps(config)` steps of every environment of every node.  Each
+A round is `rollout_steps(config)` steps of every environment of every node (the
+spec's: every rank asks, the environment workers without importing torch).  Each
 master:
 
 1. acts: `rollout_act(obs, rng)` -> (actions, extras); the extras (say log-probs and
@@ -52,12 +53,6 @@ class OnPolicyAlgorithm(OnePhaseAlgorithm):
     def set_flat_params(self, flat: np.ndarray) -> None:
         super().set_flat_params(flat)
         self.params_written()
-
-    @classmethod
-    def rollout_steps(cls, config) -> int:
-        """Environment steps per round (each environment) under `config` (every rank
-        asks, before any algorithm is built)."""
-        return int(config.t_max)
 
     def rollout_fields(self) -> dict[str, tuple[tuple, Any]]:
         """Per-step extras `rollout_act` returns: name -> (shape per env, dtype)."""

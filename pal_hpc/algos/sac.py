@@ -6,9 +6,9 @@ Two update phases, every update: "critic" (both Q-networks, one flat buffer; ret
 the new priorities) then "actor" (the policy *and* log_alpha in one flat buffer, so
 one Allreduce serves both).  The reparameterisation noise the learner draws comes from
 its own torch.Generator (seeded, checkpointed): runs are reproducible and no global
-RNG is touched.  Actors run a `SACPolicy`: uniform actions for the first
-`random_steps` global steps, then samples of the squashed Gaussian drawn with the
-actor's numpy rng.
+RNG is touched.  Actors run `acting.SquashedGaussianPolicy` (numpy): uniform actions
+for the first `random_steps` global steps, then samples of the squashed Gaussian drawn
+with the actor's numpy rng.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pal_hpc.algos.base import Algorithm, NetworkPolicy
+from pal_hpc.algos.acting import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianPolicy
+from pal_hpc.algos.base import Algorithm
 from pal_hpc.algos.configs import SACConfig, SACSpec
 from pal_hpc.algos.nets import MLP, FlatParams, autocast, obs_dim, seeded
 from pal_hpc.algos.optim import FlatAdam
 
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
 PHASES = ("critic", "actor")
@@ -88,30 +88,7 @@ class Temperature(nn.Module):
         self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha), dtype=torch.float32))
 
 
-# ---- acting ---------------------------------------------------------------------------------
-
-class SACPolicy(NetworkPolicy):
-    """An actor's copy of the policy network: uniform random actions while
-    global_steps < random_steps, then samples (noise from the actor's numpy rng);
-    tanh(mean) when deterministic."""
-
-    def __init__(self, actor: GaussianActor, random_steps: int):
-        self.actor, self.random_steps = actor, random_steps
-        super().__init__(actor)
-
-    @torch.no_grad()
-    def act(self, obs, rng, global_steps, deterministic=False):
-        b, act_dim = len(obs), self.actor.act_dim
-        if not deterministic and global_steps < self.random_steps:
-            return self.uniform(rng, b, act_dim)
-        mean, log_std = self.actor(torch.as_tensor(obs, dtype=torch.float32))
-        if deterministic:
-            return torch.tanh(mean).numpy()
-        noise = torch.from_numpy(rng.standard_normal((b, act_dim)).astype(np.float32))
-        return torch.tanh(mean + log_std.exp() * noise).numpy()
-
-
-# ---- learning -------------------------------------------------------------------------------
+# ---- learning (acting: `pal_hpc.algos.acting.SquashedGaussianPolicy`) ----------------- -------------------------------------------------------------------------------
 
 class SAC(SACSpec, Algorithm):
     """Actor, twin critics with Polyak targets, and a learnt temperature; one FlatAdam
@@ -163,9 +140,13 @@ class SAC(SACSpec, Algorithm):
 
     # ---- acting ---------------------------------------------------------------------
 
-    def make_policy(self, actor_index: int, n_actors: int) -> SACPolicy:
-        net = copy.deepcopy(self.actor).cpu().requires_grad_(False)
-        return SACPolicy(net, self.config.random_steps)
+    def make_policy(self, actor_index: int, n_actors: int) -> SquashedGaussianPolicy:
+        """The numpy policy an actor rank builds without torch (`SACSpec.numpy_policy`),
+        holding the current parameters."""
+        policy = self.numpy_policy(self.obs_space, self.act_space, self.config,
+                                   actor_index, n_actors)
+        policy.set_flat_params(self.policy_params())
+        return policy
 
     def policy_params(self) -> np.ndarray:
         return self._actor.flat[:self._n_actor].detach().cpu().numpy().astype(np.float32, copy=True)

@@ -22,6 +22,18 @@ PRECISIONS = ("fp32", "bf16")
 # The names the torch side maps to layers (`nets.ACTIVATIONS`, `cnn.KINDS`).
 ACTIVATION_NAMES = ("relu", "tanh")
 CNN_NAMES = ("nature", "nips", "minatar")
+# Each CNN torso's (out_channels, kernel, stride) per conv layer and its dense width
+# (`cnn.CNNTorso` builds them; `acting.MinAtarQValues` acts on MINATAR in numpy).
+NATURE = ((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512    # Mnih et al. 2015
+NIPS = ((16, 8, 4), (32, 4, 2)), 256                  # Mnih et al. 2013; PAAC (Clemente 2017)
+MINATAR = ((16, 3, 1),), 128                          # Young & Tian 2019, on 10x10 frames
+
+
+def conv_out(size: int, layers) -> int:
+    """Side length after unpadded convolutions: floor((size - kernel) / stride) + 1 each."""
+    for _, kernel, stride in layers:
+        size = (size - kernel) // stride + 1
+    return size
 
 
 class AlgoConfig:
@@ -100,7 +112,7 @@ class AlgoSpec:
 
     @classmethod
     def numpy_policy(cls, obs_space, act_space, config, actor_index: int, n_actors: int):
-        """A `pal_hpc.algos.policy.Policy` for actor `actor_index` of `n_actors` that
+        """A `pal_hpc.algos.acting.Policy` for actor `actor_index` of `n_actors` that
         needs no torch, where the algorithm has one for these spaces (its parameters
         still to be loaded), else None.  An actor rank that is not also a learner then
         never imports torch: 2.6 CPU-s and ~160 MB less a rank on a 2-core EPYC."""

@@ -195,13 +195,6 @@ def _attr_text(value) -> str:
     return str(value)
 
 
-def _is_tensor(value) -> bool:
-    """A torch tensor, without importing torch where no tensor can exist (an actor rank
-    with a numpy policy never imports it)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def save_tree(group: h5py.Group, obj) -> None:
     """Store a nested dict of tensors / arrays / JSON values under `group`."""
     for key, value in obj.items():
@@ -210,7 +203,7 @@ def save_tree(group: h5py.Group, obj) -> None:
             sub = group.create_group(name)
             sub.attrs["kind"] = "dict"
             save_tree(sub, value)
-        elif _is_tensor(value):
+        elif "torch" in sys.modules and isinstance(value, sys.modules["torch"].Tensor):
             ds = group.create_dataset(name, data=value.detach().cpu().numpy())
             ds.attrs["kind"] = "tensor"
         elif isinstance(value, np.ndarray):
@@ -228,8 +221,7 @@ def load_tree(group: h5py.Group) -> dict:
         if isinstance(obj, h5py.Group):
             out[key] = load_tree(obj)
         elif obj.attrs.get("kind") == "tensor":
-            import torch      # here: an actor rank without torch loads no algorithm state
-
+            import torch      # here: a rank without torch never loads algorithm state
             out[key] = torch.from_numpy(np.array(obj[()]))
         else:
             out[key] = np.array(obj[()])

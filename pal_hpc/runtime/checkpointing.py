@@ -33,9 +33,10 @@ from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.coordinator import wall_budget_used
 
 
-def _torch():
-    """torch, on the ranks that use it (`RankRun.uses_torch`): an actor rank with a
-    numpy policy never imports it."""
+def torch_module():
+    """torch, on the ranks that use it (`RankRun.uses_torch`, an on-policy job's
+    masters): an actor rank with a numpy policy and an environment worker never import
+    it."""
     import torch
 
     return torch
@@ -116,7 +117,7 @@ class Checkpointing:
             "learner_rng": (json.dumps(self.learner.rng.bit_generator.state)
                             if self.learner is not None else ""),
             # An actor rank without torch (a numpy policy) has no generator to save.
-            "torch_rng": (_torch().get_rng_state().numpy() if self.uses_torch
+            "torch_rng": (torch_module().get_rng_state().numpy() if self.uses_torch
                           else np.zeros(0, np.uint8)),
             "next_eval": float(self.next_eval),
         }
@@ -222,7 +223,8 @@ class Checkpointing:
             self.stats.mine[slot] = 0.0
         saved_torch = np.array(g["torch_rng"][()])
         if self.uses_torch and saved_torch.size:
-            _torch().set_rng_state(_torch().from_numpy(saved_torch))
+            torch = torch_module()
+            torch.set_rng_state(torch.from_numpy(saved_torch))
         if self.actor is not None:
             self.actor.steps = int(g.attrs["actor_steps"])
             self.actor.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
@@ -251,7 +253,7 @@ class Checkpointing:
         """Another layout: this rank's RNG streams from (seed, update, rank)."""
         seed, rank = self.cfg.seed, self.world.Get_rank()
         if self.uses_torch:
-            _torch().manual_seed(RL.derived_torch_seed(seed, step, rank))
+            torch_module().manual_seed(RL.derived_torch_seed(seed, step, rank))
         if self.learner is not None:
             self.learner.rng = RL.derived_rng(seed, step, rank, RL.LEARNER_RNG)
         if self.actor is not None:

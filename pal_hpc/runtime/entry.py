@@ -3,26 +3,8 @@ off-policy loop of `runtime.run`, or its `--schedule sync` rounds)."""
 
 from __future__ import annotations
 
-import gc
-
 from pal_hpc.algos.registry import SPECS
-
-
-def imports_begin() -> None:
-    """More of the stack to import after `imports_done` (torch and the algorithm, on a
-    rank that uses them): no collection until the next `imports_done`."""
-    gc.disable()
-
-
-def imports_done() -> None:
-    """The rank has imported its stack (`pal_hpc.main` collects no garbage until then):
-    move what the imports made into the collector's permanent generation, where a full
-    collection while training no longer walks them (~260,000 objects with torch), and
-    collect again from here on.  The few cycles the imports left unreachable (~7,000
-    objects, under a MB) stay with them."""
-    if not gc.isenabled():
-        gc.freeze()
-        gc.enable()
+from pal_hpc.runtime.imports import imports_done
 
 
 def train(cfg, topo) -> int:

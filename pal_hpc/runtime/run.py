@@ -1,6 +1,6 @@
 """One training job: every rank builds what its role needs and runs one loop (the
 checkpoints are in `checkpointing`, the end-of-run summary in `summary`, rank 0's
-decisions in `coordinator`).
+decisions in `coordinator`, the log and system rows in `rank_reporting`).
 
 A rank is an actor, a learner, or both (a node of one rank).  Its loop never
 blocks in MPI: the actor steps its environments, the learner advances its
@@ -24,7 +24,6 @@ from pal_hpc.cluster.collectives import gather_hosts, on_rank0, wait_all
 from pal_hpc.cluster.topology import pick_device
 from pal_hpc.cluster.weights import WeightStore
 from pal_hpc.io import checkpoint as ckpt
-from pal_hpc.io.provenance import cpus_line
 from pal_hpc.io.rundir import claim_run_dir
 from pal_hpc.io.tensorboard import check_tensorboard_dir, open_mirror
 from pal_hpc.io.schema import streams_for
@@ -34,20 +33,20 @@ from pal_hpc.runtime.abort import JobError, injected_fault_after, stall_once
 from pal_hpc.runtime.actor import Actor
 from pal_hpc.runtime.checkpointing import Checkpointing
 from pal_hpc.runtime.coordinator import Coordinator
-from pal_hpc.runtime.entry import imports_begin, imports_done
+from pal_hpc.runtime.imports import torch_algorithm
 from pal_hpc.envs import action_info, make_env, obs_info
-from pal_hpc.envs.make import minatar_action_set_note
 from pal_hpc.runtime.evaluation import FINAL_SEED, PERIODIC_SEED, evaluate
 from pal_hpc.runtime.learner import METRICS_EVERY, Learner
 from pal_hpc.runtime.pacing import IDLE_SLEEP, REDUCING_SLEEP, tighten_timer_slack
 from pal_hpc.runtime.preflight import (check_replay_fits, make_replay, replay_kind,
                                        resolve_capacity)
+from pal_hpc.runtime.rank_reporting import RankReporting
 from pal_hpc.runtime.summary import Summary
-from pal_hpc.runtime.telemetry import Telemetry, open_job_log, percentile_ms, rss_mb
+from pal_hpc.runtime.telemetry import Telemetry
 from pal_hpc.runtime.threads import limit_threads
 
 
-class RankRun(Checkpointing, Summary):
+class RankRun(RankReporting, Checkpointing, Summary):
     """What one rank builds for its role(s), its loop, and the wind-down."""
 
     def __init__(self, cfg, topo):
@@ -76,18 +75,7 @@ class RankRun(Checkpointing, Summary):
                                       max(me.actor_index, 0), self.n_actors)
         self.uses_torch = me.is_learner or np_policy is None
         self.policy = np_policy if me.is_actor else None
-        if self.uses_torch:
-            imports_begin()              # no garbage collection while torch imports
-            import torch
-
-            from pal_hpc.algos import ALGOS
-
-            Algo = ALGOS[cfg.algo]
-            imports_done()
-            # Adam's second moments of small gradients decay into float32 denormals, and
-            # x86 arithmetic on denormals is ~50x slower: it made the optimizer step the
-            # learner's biggest cost.  Flush them to zero (FTZ/DAZ; values < 1.2e-38).
-            torch.set_flush_denormal(True)
+        Algo = torch_algorithm(cfg.algo) if self.uses_torch else None
         limit_threads(cfg.torch_threads, torch=self.uses_torch)   # and numpy's BLAS
         # The ranks without torch wait here for those importing it, asleep: in the
         # blocking collectives below MPICH would spin (sched_yield) on the cores the
@@ -299,49 +287,6 @@ class RankRun(Checkpointing, Summary):
             elif self.coord is not None and not self.stop_asked and self.coord.checkpoint_due():
                 stats.add(S.CHECKPOINTS, 1)
 
-    def _open_log(self):
-        cfg, topo = self.cfg, self.topo
-        layout = {"ranks": self.world.Get_size(), "nodes": topo.n_nodes,
-                  "actors": self.n_actors, "learners": self.n_learners,
-                  "roles": [[r.rank, r.node, int(r.is_actor), int(r.is_learner)] for r in topo.roles]}
-        return open_job_log(cfg, layout, self.hosts,
-                            self.restored["wall_s"] if self.resumed_from else None,
-                            self.streams, cpus=self.cpus)
-
-    def _system_row(self, force: bool = False) -> None:
-        """About every 2 s (and once at the end): this rank's throughput, replay fill,
-        latencies and memory."""
-        now = time.monotonic()
-        last, steps0, updates0 = self._sys_last
-        if now - last < 2.0 and not force:
-            return
-        steps = self.actor.steps if self.actor is not None else 0
-        updates = self.learner.updates if self.learner is not None else 0
-        ins = self.actor.insert_times if self.actor is not None else []
-        smp = self.learner.sample_times if self.learner is not None else []
-        role = (1 if self.me.is_actor else 0) + (2 if self.me.is_learner else 0)
-        self.telemetry.record("system", (
-            now - self.start, self.world.Get_rank(), role, (steps - steps0) / (now - last),
-            (updates - updates0) / (now - last), self.replay.size() / self.replay.capacity,
-            percentile_ms(smp, 50), percentile_ms(smp, 99), percentile_ms(ins, 50),
-            percentile_ms(ins, 99), rss_mb()))
-        ins.clear()
-        smp.clear()
-        self._sys_last = (now, steps, updates)
-
-    def _announce(self) -> None:
-        cfg, topo = self.cfg, self.topo
-        print(f"pal_hpc: {cfg.algo} on {cfg.env}: {self.world.Get_size()} ranks, "
-              f"{topo.n_nodes} node(s), {self.n_actors} actors x {cfg.envs_per_actor} envs, "
-              f"{self.n_learners} learners; replay {self.replay.capacity:,} per node "
-              f"({self.replay.bytes_per_transition:.0f} B/transition, "
-              f"{self.replay.nbytes / 2**30:.2f} GiB per node"
-              + (", frames stored once" if self.actor_frames() else "") + ")", flush=True)
-        if self.cpus:
-            print(cpus_line(self.cpus), flush=True)
-        if note := minatar_action_set_note(cfg.env):
-            print(note, flush=True)
-
     def actor_frames(self) -> bool:
         """Whether the replay stores each frame once (a FrameStackReplay)."""
         return hasattr(self.replay, "stack_name")
@@ -407,22 +352,3 @@ class RankRun(Checkpointing, Summary):
         """This rank's wall time by phase of its loop ({} where the schedule keeps none;
         `--schedule sync` keeps one per round)."""
         return {}
-
-    def _learner_profile(self) -> dict:
-        """This learner's wall time per update by part, in ms, over the updates of this
-        process (`profile_updates`: a resumed run's restored ones are not its work); {}
-        on an actor.  "reduce" runs from an Allreduce's post to its completion, so it
-        holds "sleep_reducing" (and the rank's other work meanwhile); "loop_other" is the
-        rest of the wall."""
-        lrn = self.learner
-        since, base = getattr(self, "_profile_from", None) or (self.start, 0)
-        updates = lrn.updates - base if lrn is not None else 0
-        if updates <= 0:
-            return {}
-        wall = time.monotonic() - since
-        out = {k: 1e3 * v / updates for k, v in lrn.profile.items()}
-        out["loop_other"] = (1e3 * wall / updates - sum(out.values())
-                             + out["sleep_reducing"])
-        out["wall_per_update"] = 1e3 * wall / updates
-        self.profile_updates = updates
-        return {k: round(v, 4) for k, v in out.items()}

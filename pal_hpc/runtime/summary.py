@@ -62,7 +62,7 @@ class Summary:
             "cpus": dict(getattr(self, "cpus", None) or {}),
             "actors": self.n_actors, "learners": self.n_learners,
             # The ranks that imported torch: the learners, and actors whose algorithm
-            # has no numpy policy (`AlgoSpec.numpy_policy`; DQN on vectors has one).
+            # has no numpy policy (`AlgoSpec.numpy_policy`); on-policy, the masters.
             "ranks_with_torch": getattr(self, "torch_ranks", None),
             "learner_params_identical": identical,
             "checkpoint": checkpoint,       # None: the final checkpoint failed

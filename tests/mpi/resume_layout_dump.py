@@ -108,7 +108,9 @@ def main() -> None:
                           if run.actor is not None else None),
             "learner_rng": (json.dumps(run.learner.rng.bit_generator.state)
                             if run.learner is not None else None),
-            "torch_rng": hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest(),
+            # An actor rank with a numpy policy has no torch stream to restore.
+            "torch_rng": (hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()
+                          if run.uses_torch else None),
             "next_eval": run.next_eval}
     ranks = world.gather(mine, root=0)
     if world.Get_rank() == 0:

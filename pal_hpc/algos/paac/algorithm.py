@@ -73,10 +73,6 @@ class PAAC(PAACSpec, OnPolicyAlgorithm):
         self.progress = 0.0           # fraction of the run done: anneals the learning rate
         self._last_grad_norm = float("nan")
 
-    @classmethod
-    def check_env(cls, env_id, obs_space, act_space) -> None:
-        cls.needs(gym.spaces.Discrete, env_id, act_space)
-
     # ---- acting ---------------------------------------------------------------------
 
     def make_policy(self, actor_index: int = 0, n_actors: int = 1) -> PAACPolicy:

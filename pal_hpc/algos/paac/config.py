@@ -178,3 +178,15 @@ class PAACSpec(AlgoSpec):
     # flags a user gave): the field that chooses, and the sets.
     preset_field = "paac_preset"
     presets = PRESETS
+
+    @classmethod
+    def check_env(cls, env_id, obs_space, act_space) -> None:
+        import gymnasium as gym
+
+        cls.needs(gym.spaces.Discrete, env_id, act_space)
+
+    @classmethod
+    def rollout_steps(cls, config) -> int:
+        """Environment steps per round (each environment) under `config` (every rank
+        asks, the environment workers without importing torch)."""
+        return int(config.t_max)

@@ -80,16 +80,6 @@ class PPO(C.PPOSpec, OnPolicyAlgorithm):
         self._round: dict = {}
         self._sums = np.zeros(len(SUMS), np.float32)
 
-    @classmethod
-    def check_env(cls, env_id, obs_space, act_space) -> None:
-        if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
-            raise ConfigError(f"env: ppo needs a Discrete or Box action space; {env_id} "
-                              f"has {act_space}")
-
-    @classmethod
-    def rollout_steps(cls, config) -> int:
-        return int(config.num_steps)
-
     def rollout_fields(self):
         return {"logprob": ((), np.float32), "value": ((), np.float32)}
 

@@ -20,6 +20,7 @@ import functools
 from dataclasses import dataclass
 
 from pal_hpc.algos.spec import ACTIVATION_NAMES, CNN_NAMES, PRECISIONS, AlgoConfig, AlgoSpec
+from pal_hpc.options import ConfigError
 from pal_hpc.options import option as _f
 
 PRESETS = ("cleanrl", "zoo")
@@ -201,3 +202,15 @@ class PPOSpec(AlgoSpec):
     preset_field = "ppo_preset"
     presets = {name: {} for name in PRESETS}     # values per env: env_defaults
     env_defaults = staticmethod(env_defaults)
+
+    @classmethod
+    def check_env(cls, env_id, obs_space, act_space) -> None:
+        import gymnasium as gym
+
+        if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
+            raise ConfigError(f"env: ppo needs a Discrete or Box action space; {env_id} "
+                              f"has {act_space}")
+
+    @classmethod
+    def rollout_steps(cls, config) -> int:
+        return int(config.num_steps)

@@ -9,7 +9,6 @@ import time
 
 import h5py
 import numpy as np
-import torch
 from mpi4py import MPI
 
 from pal_hpc.config import ConfigError
@@ -17,7 +16,7 @@ from pal_hpc.config_io import config_to_dict
 from pal_hpc.io import checkpoint as ckpt
 from pal_hpc.runtime import resume_layout as RL
 from pal_hpc.runtime import stats as S
-from pal_hpc.runtime.checkpointing import Checkpointing
+from pal_hpc.runtime.checkpointing import Checkpointing, torch_module
 from pal_hpc.runtime.coordinator import wall_budget_used
 
 
@@ -33,7 +32,7 @@ class MasterCheckpointing(Checkpointing):
         state = {"rank": self.world.Get_rank(), "node_steps": self.node_steps,
                  "stats": self.stats.mine.tolist(),
                  "np_rng": json.dumps(self.rng.bit_generator.state),
-                 "torch_rng": torch.get_rng_state().numpy(),
+                 "torch_rng": torch_module().get_rng_state().numpy(),
                  "next_eval": float(self.next_eval)}
         gathered = comm.gather(state, root=0)
         written = None
@@ -117,6 +116,7 @@ class MasterCheckpointing(Checkpointing):
             if same:
                 saved = json.loads(g.attrs["stats"])[:S.SIZE]
                 self.stats.mine[:len(saved)] = saved
+                torch = torch_module()
                 torch.set_rng_state(torch.from_numpy(np.array(g["torch_rng"][()])))
                 self.rng.bit_generator.state = json.loads(g.attrs["np_rng"])
                 self.node_steps = int(g.attrs["node_steps"])
@@ -128,7 +128,7 @@ class MasterCheckpointing(Checkpointing):
                 self.node_steps = int(self.stats.mine[S.ENV_STEPS])
                 update = self.algo.updates
                 self.rng = RL.derived_rng(self.cfg.seed, update, rank, RL.ACTOR_RNG)
-                torch.manual_seed(RL.derived_torch_seed(self.cfg.seed, update, rank))
+                torch_module().manual_seed(RL.derived_torch_seed(self.cfg.seed, update, rank))
             for slot in (S.PREEMPT, S.STOP, S.CHECKPOINTS):
                 self.stats.mine[slot] = 0.0
             self.restored = {"wall_s": float(f.attrs["wall_s"]),

@@ -8,10 +8,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
-from pal_hpc.algos import ALGOS
+from pal_hpc.algos.registry import SPECS
 from pal_hpc.cluster.collectives import gather_hosts, on_rank0, wait_all
 from pal_hpc.cluster.topology import pick_device
 from pal_hpc.config import AUTO, ConfigError
@@ -23,6 +22,7 @@ from pal_hpc.io.schema import streams_for
 from pal_hpc.runtime import signals
 from pal_hpc.runtime import stats as S
 from pal_hpc.runtime.abort import injected_fault_after, stall_once
+from pal_hpc.runtime.imports import torch_algorithm
 from pal_hpc.runtime.evaluation import PERIODIC_SEED, evaluate
 from pal_hpc.runtime.onpolicy.checkpoints import MasterCheckpointing
 from pal_hpc.runtime.onpolicy.layout import host_crowded, node_layout, step_seconds
@@ -57,13 +57,17 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
         self.run_dir_lock = on_rank0(world, lambda: claim_run_dir(
             cfg.resolved_run_dir(), cfg.resume, cfg.overwrite,
             check_tensorboard_dir if cfg.tensorboard else None))
-        limit_threads(cfg.torch_threads)          # torch's and numpy's BLAS (threads.py)
-        torch.set_flush_denormal(True)
-        Algo = self.algo_class = ALGOS[cfg.algo]
+        # The masters hold the algorithm (torch); the environment workers never import
+        # torch (2.6 CPU-s and ~160 MB a rank less), and wait for the masters' import
+        # asleep, not in a collective MPICH would spin in.
+        spec = SPECS[cfg.algo]
+        self.algo_class = torch_algorithm(cfg.algo) if self.is_master else spec
+        limit_threads(cfg.torch_threads, torch=self.is_master)   # and numpy's BLAS
+        wait_all(world)
         acfg = cfg.algo_config
         probe = make_env(cfg.env, cfg.seed, terminal_on_life_loss=cfg.atari_terminal_on_life_loss)
         obs_space, act_space = probe.observation_space, probe.action_space
-        Algo.check_env(cfg.env, obs_space, act_space)
+        spec.check_env(cfg.env, obs_space, act_space)
         # Every rank computes every node's share from the same layout: they agree.
         sizes = topo.node_sizes
         auto = cfg.master_envs == AUTO and max(sizes) > 1
@@ -77,13 +81,22 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
         self.node_share = [m for _, m in layouts]    # envs each node's master steps itself
         self.num_envs = self.node_envs[self.node_index]
         self.env_offset = sum(self.node_envs[:self.node_index])
-        self.t_max = Algo.rollout_steps(acfg)        # env steps of each env per round
+        self.t_max = spec.rollout_steps(acfg)        # env steps of each env per round
         self.steps_per_round = self.t_max * sum(self.node_envs)
         self.n_learners = len(sizes)                 # the masters (Summary's names)
         self.n_actors = sum(sizes) - len(sizes)      # the environment workers
         # Ranks of nodes whose master steps every env (all, or auto's rule 1): idle.
         self.idle_ranks = sum(size - 1 for size, (n, m) in zip(sizes, layouts) if m == n)
-        device = pick_device(cfg.device, 0)          # on every rank: errors reach all
+        # The masters pick their device; an error there reaches every rank.
+        device, err = None, None
+        if self.is_master:
+            try:
+                device = pick_device(cfg.device, 0)
+            except ConfigError as exc:
+                err = str(exc)
+        errors = [e for e in world.allgather(err) if e]
+        if errors:
+            raise ConfigError(errors[0])
         self.masters = world.Split(0 if self.is_master else MPI.UNDEFINED, key=world.Get_rank())
         self.hosts, self.cpus = gather_hosts(world)
 
@@ -105,10 +118,10 @@ class OnPolicyRun(MasterUpdates, MasterCheckpointing, MasterReporting, WindDown,
         self._checkpoint_asked = False   # rank 0: vote for a checkpoint in the next update
         self.rng = np.random.default_rng([cfg.seed, 2, self.node_index])
         if self.is_master:
-            self.algo = Algo(obs_space, act_space, acfg, device=device, seed=cfg.seed,
-                             gamma=cfg.gamma)
+            self.algo = self.algo_class(obs_space, act_space, acfg, device=device,
+                                        seed=cfg.seed, gamma=cfg.gamma)
             self.stats = S.StatsRounds(self.masters.Dup())
-            self.streams = streams_for(Algo.metric_names)
+            self.streams = streams_for(self.algo_class.metric_names)
             self.telemetry = Telemetry(self.masters.Dup(), streams=self.streams)
             self.ckpt_comm = self.masters.Dup()
             self._update_buffers()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -44,7 +45,9 @@ class WindDown:
             t0 = time.perf_counter()
             checkpoint = self._checkpoint(totals)
             self.times["checkpoint"] += time.perf_counter() - t0
-        digests = [d for d in world.gather(digest, root=0) or [] if d]
+        gathered = world.gather((digest, "torch" in sys.modules), root=0) or []
+        digests = [d for d, _ in gathered if d]
+        self.torch_ranks = [rank for rank, (_, torch) in enumerate(gathered) if torch]
         summary = None
         if self.coord is not None:
             summary = self._summary(totals, final_eval, len(set(digests)) == 1, checkpoint)
