@@ -338,8 +338,13 @@ def _alive(pid):
         return False
 
 
+# The caller takes Ctrl-C as a Python program in a terminal does (KeyboardInterrupt),
+# whatever it inherited: once, in CI, it started with SIGINT and SIGQUIT ignored (what
+# glibc's system() leaves in a parent while its child runs), never stopped, and the test
+# waited out its 30 s while the caller and its workers ran on.
 _CALLER = """
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy as np, gymnasium as gym
 from pal_hpc.envs.lockstep import LockstepVectorEnv
 env = LockstepVectorEnv([lambda: gym.make("CartPole-v1")] * 4, 2)
@@ -368,13 +373,19 @@ def _wait_gone(pids, seconds):
 def test_ctrl_c_in_the_caller_leaves_no_process_or_segment():
     shm_before = _shm()
     proc, pids = _start_caller()
-    time.sleep(0.5)
-    os.killpg(os.getpgid(proc.pid), 0)             # sanity: the group exists
-    proc.send_signal(signal.SIGINT)                # what Ctrl-C sends to the caller
-    _, err = proc.communicate(timeout=30)
-    assert "KeyboardInterrupt" in err, err
-    assert _wait_gone(pids, 5.0), pids
-    assert _shm() == shm_before
+    try:
+        time.sleep(0.5)
+        os.killpg(os.getpgid(proc.pid), 0)             # sanity: the group exists
+        proc.send_signal(signal.SIGINT)                # what Ctrl-C sends to the caller
+        _, err = proc.communicate(timeout=30)
+        assert "KeyboardInterrupt" in err, err
+        assert _wait_gone(pids, 5.0), pids
+        assert _shm() == shm_before
+    finally:                                           # nothing left running on a failure
+        for pid in (proc.pid, *pids):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def test_a_killed_caller_takes_its_workers_with_it():
