@@ -15,7 +15,9 @@ ARGS    ?=
 # 4:35; with the one-pass suite, its cost-ordered files and the ranks' quick exit, 38:06
 # (install 4:04, the pass 30:34, Open MPI 3:37); with the ranks' imports collecting no
 # garbage, the -g0 build and test_resume_layout's checkpoints made once, 36:24 (install
-# 4:14, the pass 29:10, Open MPI 2:53).  The pass keeps both cores 99% busy.
+# 4:14, the pass 29:10, Open MPI 2:53); with actor ranks and environment workers that
+# never import torch (2026-12-08), 30:52 (install 4:50, of it 38 s creating the venv,
+# 8 s the day before; the pass 23:46, Open MPI 2:39).  The pass keeps both cores 99% busy.
 TEST_TIMEOUT ?= 1800
 SLOW_TEST_TIMEOUT ?= 1500
 SUITE_TIMEOUT ?= 3300
