@@ -225,11 +225,8 @@ class DDPGConfig(AlgoConfig):
         req("precision", self.precision in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
 
 
-class DDPGSpec(AlgoSpec):
-    name = "ddpg"
-    Config = DDPGConfig
-    run_defaults: ClassVar[dict] = ZOO_PENDULUM_RUN_DEFAULTS
-    metric_names = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
+class BoxSpec(AlgoSpec):
+    """DDPG's, TD3's and SAC's: a Box action space, MLPs of `hidden` widths."""
 
     @classmethod
     def check_env(cls, env_id, obs_space, act_space) -> None:
@@ -241,6 +238,13 @@ class DDPGSpec(AlgoSpec):
     def signature_of(cls, obs_space, act_space, config) -> dict:
         return {**super().signature_of(obs_space, act_space, config),
                 "hidden": list(config.hidden)}
+
+
+class DDPGSpec(BoxSpec):
+    name = "ddpg"
+    Config = DDPGConfig
+    run_defaults: ClassVar[dict] = ZOO_PENDULUM_RUN_DEFAULTS
+    metric_names = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
 
     @classmethod
     def numpy_policy(cls, obs_space, act_space, config, actor_index, n_actors):
@@ -302,7 +306,7 @@ class SACConfig(AlgoConfig):
         req("precision", self.precision in PRECISIONS, f"must be one of {', '.join(PRECISIONS)}")
 
 
-class SACSpec(AlgoSpec):
+class SACSpec(BoxSpec):
     name = "sac"
     Config = SACConfig
     # Run-wide defaults SAC wants when the user gives none (SB3's SAC; the runtime applies them).
@@ -310,17 +314,6 @@ class SACSpec(AlgoSpec):
                                     "replay_ratio": 256.0, "n_step": 1,
                                     "replay_capacity": 1_000_000}
     metric_names = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean", "td_abs_mean")
-
-    @classmethod
-    def check_env(cls, env_id, obs_space, act_space) -> None:
-        import gymnasium as gym
-
-        cls.needs(gym.spaces.Box, env_id, act_space)
-
-    @classmethod
-    def signature_of(cls, obs_space, act_space, config) -> dict:
-        return {**super().signature_of(obs_space, act_space, config),
-                "hidden": list(config.hidden)}
 
     @classmethod
     def numpy_policy(cls, obs_space, act_space, config, actor_index, n_actors):
