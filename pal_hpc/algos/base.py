@@ -85,10 +85,17 @@ class Algorithm(ABC):
 
     # -- acting ------------------------------------------------------------------------
 
-    @abstractmethod
     def make_policy(self, actor_index: int, n_actors: int) -> Policy:
         """A CPU policy for actor `actor_index` of `n_actors` (exploration may differ
-        per actor, Ape-X style), holding the current policy parameters."""
+        per actor, Ape-X style), holding the current policy parameters: by default the
+        spec's numpy policy (`numpy_policy`, what an actor rank without torch builds);
+        an algorithm with none for some spaces overrides this."""
+        policy = self.numpy_policy(self.obs_space, self.act_space, self.config,
+                                   actor_index, n_actors)
+        if policy is None:
+            raise NotImplementedError(f"{self.name}: no numpy policy for these spaces")
+        policy.set_flat_params(self.policy_params())
+        return policy
 
     @abstractmethod
     def policy_params(self) -> np.ndarray:

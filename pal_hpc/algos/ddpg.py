@@ -31,7 +31,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from pal_hpc.algos.acting import DeterministicPolicy
 from pal_hpc.algos.base import Algorithm
 from pal_hpc.algos.configs import DDPGConfig, DDPGSpec
 from pal_hpc.algos.nets import MLP, FlatParams, autocast, obs_dim, seeded
@@ -104,15 +103,7 @@ class DDPG(DDPGSpec, Algorithm):
         critics = nn.ModuleList(Critic(d, self.act_dim, hidden) for _ in range(self.n_critics))
         return actor, critics
 
-    # ---- acting -----------------------------------------------------------------------
-
-    def make_policy(self, actor_index: int, n_actors: int) -> DeterministicPolicy:
-        """The numpy policy an actor rank builds without torch (`DDPGSpec.numpy_policy`),
-        holding the current parameters."""
-        policy = self.numpy_policy(self.obs_space, self.act_space, self.config,
-                                   actor_index, n_actors)
-        policy.set_flat_params(self.policy_params())
-        return policy
+    # ---- acting (the spec's numpy policy: Algorithm.make_policy) ------------------------
 
     def policy_params(self) -> np.ndarray:
         return self._numpy(self._actor_params.flat)

@@ -160,11 +160,8 @@ class DQN(DQNSpec, OnePhaseAlgorithm):
     def make_policy(self, actor_index: int, n_actors: int) -> QPolicy | DQNPolicy:
         """Vector observations: the numpy policy an actor rank without torch runs too
         (`DQNSpec.numpy_policy`); frames: a CPU copy of the online network."""
-        policy = self.numpy_policy(self.obs_space, self.act_space, self.config,
-                                   actor_index, n_actors)
-        if policy is not None:
-            policy.set_flat_params(self.policy_params())
-            return policy
+        if self.numpy_policy(self.obs_space, self.act_space, self.config, 0, 1) is not None:
+            return super().make_policy(actor_index, n_actors)
         net = copy.deepcopy(self.online).cpu().requires_grad_(False)
         return DQNPolicy(net, self.config, self.n_actions, actor_index, n_actors)
 

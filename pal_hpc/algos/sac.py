@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pal_hpc.algos.acting import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianPolicy
+from pal_hpc.algos.acting import LOG_STD_MAX, LOG_STD_MIN
 from pal_hpc.algos.base import Algorithm
 from pal_hpc.algos.configs import SACConfig, SACSpec
 from pal_hpc.algos.nets import MLP, FlatParams, autocast, obs_dim, seeded
@@ -88,7 +88,7 @@ class Temperature(nn.Module):
         self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha), dtype=torch.float32))
 
 
-# ---- learning (acting: `pal_hpc.algos.acting.SquashedGaussianPolicy`) ----------------- -------------------------------------------------------------------------------
+# ---- learning (acting: `pal_hpc.algos.acting.SquashedGaussianPolicy`) -----------------
 
 class SAC(SACSpec, Algorithm):
     """Actor, twin critics with Polyak targets, and a learnt temperature; one FlatAdam
@@ -138,15 +138,7 @@ class SAC(SACSpec, Algorithm):
         """The current entropy temperature."""
         return float(self.temperature.log_alpha.detach().exp())
 
-    # ---- acting ---------------------------------------------------------------------
-
-    def make_policy(self, actor_index: int, n_actors: int) -> SquashedGaussianPolicy:
-        """The numpy policy an actor rank builds without torch (`SACSpec.numpy_policy`),
-        holding the current parameters."""
-        policy = self.numpy_policy(self.obs_space, self.act_space, self.config,
-                                   actor_index, n_actors)
-        policy.set_flat_params(self.policy_params())
-        return policy
+    # ---- acting (the spec's numpy policy: Algorithm.make_policy) ----------------------
 
     def policy_params(self) -> np.ndarray:
         return self._actor.flat[:self._n_actor].detach().cpu().numpy().astype(np.float32, copy=True)

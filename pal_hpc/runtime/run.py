@@ -69,8 +69,10 @@ class RankRun(RankReporting, Checkpointing, Summary):
         node_roles = [r for r in topo.roles if r.node == me.node]
         self.n_actors = sum(r.is_actor for r in topo.roles)
         self.n_learners = sum(r.is_learner for r in topo.roles)
-        # A rank that is not a learner, of an algorithm that acts in numpy (DQN on
-        # vectors), never imports torch: 2.6 CPU-s and ~160 MB a rank less.
+        # A rank that is not a learner, of an algorithm that acts in numpy (DQN, DDPG,
+        # TD3, SAC on vectors; DQN on MinAtar), never imports torch: 2.6 CPU-s and
+        # ~160 MB a rank less.  Its parameters come with the node learner's first
+        # publication, as every actor's do.
         np_policy = spec.numpy_policy(obs_space, act_space, cfg.algo_config,
                                       max(me.actor_index, 0), self.n_actors)
         self.uses_torch = me.is_learner or np_policy is None
@@ -98,7 +100,7 @@ class RankRun(RankReporting, Checkpointing, Summary):
                             seed=cfg.seed)
 
             cpu_algo = make_algo("cpu")
-            if me.is_actor:
+            if me.is_actor and self.policy is None:       # no numpy policy: torch's
                 self.policy = cpu_algo.make_policy(me.actor_index, self.n_actors)
             n_params = len(cpu_algo.policy_params())
         else:
